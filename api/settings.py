@@ -1,0 +1,171 @@
+"""Django settings for Heavy Lanes.
+
+Every value comes from the environment with an embedded default that runs on one machine: SQLite in
+``var/`` and a Redis at 127.0.0.1:6379. Production sets ``DATABASE_URL`` (PostgreSQL), ``REDIS_URL`` or
+the ``REDIS_*`` parts, and ``HEAVY_LANES_PRODUCTION=true``.
+"""
+import os
+import socket
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get('HEAVY_LANES_VAR_DIR', BASE_DIR / 'var'))
+
+
+def env_bool(name, default=False):
+    value = os.environ.get(name)
+    if value is None or value == '':
+        return default
+    return value.strip().lower() in ('1', 'true', 'yes', 'on')
+
+
+def env_int(name, default):
+    value = os.environ.get(name)
+    return int(value) if value not in (None, '') else default
+
+
+def env_float(name, default):
+    value = os.environ.get(name)
+    return float(value) if value not in (None, '') else default
+
+
+def env_list(name, default=''):
+    return [item.strip() for item in os.environ.get(name, default).split(',') if item.strip()]
+
+
+PRODUCTION = env_bool('HEAVY_LANES_PRODUCTION')
+DEBUG = env_bool('DEBUG', default=not PRODUCTION)
+SECRET_KEY = os.environ.get('SECRET_KEY') or ('' if PRODUCTION else 'dev-only-not-secret-heavy-lanes')
+ALLOWED_HOSTS = env_list('ALLOWED_HOSTS', '' if PRODUCTION else '*')
+
+INSTALLED_APPS = [
+    'django.contrib.admin',
+    'django.contrib.auth',
+    'django.contrib.contenttypes',
+    'django.contrib.sessions',
+    'django.contrib.messages',
+    'django.contrib.staticfiles',
+    'corsheaders',
+    'rest_framework',
+    'rest_framework.authtoken',
+    'drf_spectacular',
+    'django_celery_results',
+    'capacity',
+    'workers',
+    'api',
+]
+
+MIDDLEWARE = [
+    'corsheaders.middleware.CorsMiddleware',
+    'django.middleware.security.SecurityMiddleware',
+    'django.contrib.sessions.middleware.SessionMiddleware',
+    'django.middleware.common.CommonMiddleware',
+    'django.middleware.csrf.CsrfViewMiddleware',
+    'django.contrib.auth.middleware.AuthenticationMiddleware',
+    'django.contrib.messages.middleware.MessageMiddleware',
+]
+
+ROOT_URLCONF = 'api.urls'
+WSGI_APPLICATION = 'api.wsgi.application'
+
+TEMPLATES = [{
+    'BACKEND': 'django.template.backends.django.DjangoTemplates',
+    'DIRS': [],
+    'APP_DIRS': True,
+    'OPTIONS': {'context_processors': [
+        'django.template.context_processors.request',
+        'django.contrib.auth.context_processors.auth',
+        'django.contrib.messages.context_processors.messages',
+    ]},
+}]
+
+DATABASES = {
+    'default': dj_database_url.parse(
+        os.environ.get('DATABASE_URL') or f'sqlite:///{VAR_DIR / "heavy_lanes.sqlite3"}',
+        conn_max_age=env_int('DATABASE_CONN_MAX_AGE', 0),
+    ),
+}
+if DATABASES['default']['ENGINE'] == 'django.db.backends.sqlite3':
+    # Workers and API processes write the same file: wait for the lock instead of failing at once.
+    DATABASES['default'].setdefault('OPTIONS', {})['timeout'] = 20
+DEFAULT_AUTO_FIELD = 'django.db.models.BigAutoField'
+
+LANGUAGE_CODE = 'en-us'
+TIME_ZONE = 'UTC'
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = 'static/'
+STATIC_ROOT = VAR_DIR / 'static'
+
+REST_FRAMEWORK = {
+    'DEFAULT_AUTHENTICATION_CLASSES': ['rest_framework.authentication.TokenAuthentication'],
+    'DEFAULT_PERMISSION_CLASSES': ['rest_framework.permissions.IsAuthenticated'],
+    'DEFAULT_SCHEMA_CLASS': 'drf_spectacular.openapi.AutoSchema',
+    'UNAUTHENTICATED_USER': 'django.contrib.auth.models.AnonymousUser',
+}
+SPECTACULAR_SETTINGS = {
+    'TITLE': 'Heavy Lanes API',
+    'DESCRIPTION': 'Heavy calls admitted through lease lanes and run on per-lane Celery queues.',
+    'VERSION': '1.0.0',
+}
+
+# --- Tiers: a user's highest plan, from is_staff and these groups (highest first after staff).
+CORE_USER_GROUP = os.environ.get('CORE_USER_GROUP', 'core_user')
+EARLY_ACCESS_GROUP = os.environ.get('EARLY_ACCESS_GROUP', 'early_access')
+PREVIEW_GROUP = os.environ.get('PREVIEW_GROUP', 'preview')
+
+# --- Redis. REDIS_URL, when set, wins over the parts.
+REDIS_URL = os.environ.get('REDIS_URL', '')
+if REDIS_URL:
+    _redis = urlparse(REDIS_URL)
+    REDIS_HOST = _redis.hostname or '127.0.0.1'
+    REDIS_PORT = _redis.port or 6379
+    REDIS_DB = int((_redis.path or '/0').lstrip('/') or 0)
+    REDIS_PASSWORD = unquote(_redis.password) if _redis.password else None
+else:
+    REDIS_HOST = os.environ.get('REDIS_HOST', '127.0.0.1')
+    REDIS_PORT = env_int('REDIS_PORT', 6379)
+    REDIS_DB = env_int('REDIS_DB', 0)
+    REDIS_PASSWORD = os.environ.get('REDIS_PASSWORD') or None
+    REDIS_URL = 'redis://{auth}{host}:{port}/{db}'.format(
+        auth=f':{REDIS_PASSWORD}@' if REDIS_PASSWORD else '', host=REDIS_HOST, port=REDIS_PORT, db=REDIS_DB)
+REDIS_SENTINELS = env_bool('REDIS_SENTINELS')
+REDIS_SENTINELS_LIST = [
+    (host.rsplit(':', 1)[0], int(host.rsplit(':', 1)[1]) if ':' in host else 26379)
+    for host in env_list('REDIS_SENTINELS_LIST')
+]
+REDIS_SENTINELS_MASTER = os.environ.get('REDIS_SENTINELS_MASTER', 'mymaster')
+
+# --- Capacity limiter (see docs/architecture.md and capacity/).
+CAPACITY_LIMIT_MODE = os.environ.get('CAPACITY_LIMIT_MODE', 'shadow')
+CAPACITY_CONFIG_CACHE_SECONDS = env_int('CAPACITY_CONFIG_CACHE_SECONDS', 10)
+CAPACITY_CONFIG_READ_TIMEOUT_MS = env_int('CAPACITY_CONFIG_READ_TIMEOUT_MS', 500)
+CAPACITY_REDIS_TIMEOUT_SECONDS = env_float('CAPACITY_REDIS_TIMEOUT_SECONDS', 0.5)
+# Must stay under lease_seconds - 2 x renew_seconds (60 - 40 = 20 with the defaults), so one Redis error
+# can't make a long call miss two renewals in a row.
+CAPACITY_REDIS_RETRY_SECONDS = env_int('CAPACITY_REDIS_RETRY_SECONDS', 15)
+CAPACITY_REDIS_DEADLINE_SECONDS = env_float('CAPACITY_REDIS_DEADLINE_SECONDS', 1.0)
+CAPACITY_TASK_ID = os.environ.get('CAPACITY_TASK_ID', '') or socket.gethostname()
+CAPACITY_KEY_PREFIX = os.environ.get('CAPACITY_KEY_PREFIX', 'ocl:capacity')
+
+CORS_ALLOW_ALL_ORIGINS = env_bool('CORS_ALLOW_ALL_ORIGINS', default=not PRODUCTION)
+CORS_ALLOWED_ORIGINS = env_list('CORS_ALLOWED_ORIGINS')
+CORS_EXPOSE_HEADERS = [
+    'Retry-After', 'Location',
+    'X-OCL-Capacity-Decision', 'X-OCL-Capacity-Limit', 'X-OCL-Capacity-In-Flight', 'X-OCL-Capacity-Tier',
+    'X-OCL-Capacity-Tier-Limit', 'X-OCL-Capacity-Tier-In-Flight', 'X-OCL-Capacity-Suggested-Concurrency',
+]
+CORS_ALLOW_HEADERS = [
+    'accept', 'authorization', 'content-type', 'origin', 'user-agent', 'x-csrftoken', 'x-requested-with',
+    'idempotency-key', 'prefer', 'x-ocl-event-metadata', 'x-ocl-request-source',
+]
+
+LOGGING = {
+    'version': 1,
+    'disable_existing_loggers': False,
+    'handlers': {'console': {'class': 'logging.StreamHandler'}},
+    'loggers': {'heavy_lanes': {'handlers': ['console'], 'level': os.environ.get('LOG_LEVEL', 'INFO')}},
+}

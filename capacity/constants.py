@@ -1,0 +1,97 @@
+"""The limiter's vocabulary: modes, tiers, lanes, decisions, header names and the defaults table.
+
+Everything here is plain data so that every other module (and the workers) can import it without
+pulling in Redis, Django models or Celery.
+"""
+import enum
+
+OFF, SHADOW, ENFORCE = 'off', 'shadow', 'enforce'
+MODES = (OFF, SHADOW, ENFORCE)  # the order shows in validation messages
+
+AWARE, ALL = 'aware', 'all'
+ENFORCE_FOR = (AWARE, ALL)
+CAPACITY_AWARE_KEY = 'capacity_aware'  # key in the X-OCL-Event-Metadata JSON header
+
+STAFF, CORE, EARLY_ACCESS, PREVIEW = 'staff', 'core', 'early_access', 'preview'
+TIERS = (STAFF, CORE, EARLY_ACCESS, PREVIEW)  # highest first
+
+
+class Lane(str, enum.Enum):
+    """A kind of lease lane. Each lane is one Redis sorted set per key (see capacity.keys)."""
+
+    API_HEAVY = 'api_heavy'            # every heavy call, cluster-wide
+    API_HEAVY_TASK = 'api_heavy_task'  # calls that hold a worker of this API host while they wait
+    ES2_KNN = 'es2_knn'                # semantic $match calls (kNN on the search backend)
+    TIER = 'tier'                      # every call of every user in a tier
+    USER = 'user'                      # one user's calls
+
+    def __str__(self):
+        return self.value
+
+
+class Decision(str, enum.Enum):
+    ADMITTED = 'admitted'
+    SHADOW_REFUSED = 'shadow-refused'  # a lane was full; enforce would have refused the call
+    REFUSED = 'refused'
+    UNAVAILABLE = 'unavailable'        # the limiter couldn't count the call, so it went ahead uncounted
+
+    def __str__(self):
+        return self.value
+
+
+MATCH, RERANK = '$match', '$rerank'
+ENDPOINTS = (MATCH, RERANK)
+
+ERROR_CODE = 'capacity_exceeded'
+LOG_EVENT = 'ocl_capacity'
+CONFIG_LOG_EVENT = 'ocl_capacity_config'
+SOURCE_API, SOURCE_COMMAND = 'api', 'command'
+CONFIG_SOURCES = (SOURCE_API, SOURCE_COMMAND)
+
+HEADER_DECISION = 'X-OCL-Capacity-Decision'
+HEADER_LIMIT = 'X-OCL-Capacity-Limit'
+HEADER_IN_FLIGHT = 'X-OCL-Capacity-In-Flight'
+HEADER_TIER = 'X-OCL-Capacity-Tier'
+HEADER_TIER_LIMIT = 'X-OCL-Capacity-Tier-Limit'
+HEADER_TIER_IN_FLIGHT = 'X-OCL-Capacity-Tier-In-Flight'
+HEADER_SUGGESTED = 'X-OCL-Capacity-Suggested-Concurrency'
+HEADERS = (HEADER_DECISION, HEADER_LIMIT, HEADER_IN_FLIGHT, HEADER_TIER, HEADER_TIER_LIMIT,
+           HEADER_TIER_IN_FLIGHT, HEADER_SUGGESTED)
+
+# Queue-backed lanes (workers/lanes/ has one module each). Their names are also the Celery queue names.
+INTERACTIVE_QUEUE, ES2_KNN_QUEUE, API_HEAVY_QUEUE = 'interactive', 'es2_knn', 'api_heavy'
+QUEUES = (INTERACTIVE_QUEUE, ES2_KNN_QUEUE, API_HEAVY_QUEUE)
+
+# All counts are heavy calls in flight at once; all times are whole seconds.
+DEFAULTS = {
+    'mode': SHADOW,
+    'enforce_for': AWARE,
+    'api_heavy': {
+        'cluster': 4,   # across all API hosts
+        'per_task': 2,  # on each API host, for calls that wait in the request
+    },
+    'es2_knn': 3,             # semantic $match calls
+    'reserve_single_row': 1,  # slots only single-row $match calls may use, in every lane they take
+    'tiers': {STAFF: 4, CORE: 4, EARLY_ACCESS: 3, PREVIEW: 2},     # ceilings, not reservations
+    'per_user': {STAFF: 4, CORE: 3, EARLY_ACCESS: 2, PREVIEW: 1},  # keyed by the user's tier
+    'lease_seconds': 60,      # a running call's lease expires this long after its last renewal
+    'renew_seconds': 20,
+    'max_hold_seconds': 900,  # renewal stops after this, in case a call never finishes
+    'retry_after': {
+        'base': 5,     # seconds per call ahead in the fullest lane
+        'max': 30,
+        'paused': 120,  # when a lane's limit is 0
+    },
+    'queue': {
+        'deadline_seconds': 600,  # a queued call expires (with its leases) if no worker starts it by then
+        'max_waiting': {INTERACTIVE_QUEUE: 0, ES2_KNN_QUEUE: 0, API_HEAVY_QUEUE: 0},  # enforce: room to wait
+    },
+    'wait': {
+        'default_seconds': 0,  # Prefer: wait when the client sends no Prefer
+        'max_seconds': 30,     # cap on Prefer: wait=N
+    },
+}
+CHOICES = {'mode': MODES, 'enforce_for': ENFORCE_FOR}
+MAX_NUMBER = 100000
+WAIT_CAP_SECONDS = 120  # wait.max_seconds can't go above this: a waiting call holds an API worker
+ADVISORY_LOCK_ID = 275275

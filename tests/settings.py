@@ -1,0 +1,14 @@
+"""Test settings: the app's settings with a private var dir and quiet logging.
+
+The database is SQLite unless HEAVY_LANES_TEST_DATABASE_URL names a PostgreSQL; the PostgreSQL-only tests
+(statement timeouts, advisory locks) connect to that URL themselves through the `postgres` fixture.
+"""
+import os
+import tempfile
+
+os.environ.setdefault('HEAVY_LANES_VAR_DIR', tempfile.mkdtemp(prefix='heavy-lanes-test-'))
+
+from api.settings import *  # noqa: E402,F401,F403
+
+CAPACITY_TASK_ID = 'test-host'
+PASSWORD_HASHERS = ['django.contrib.auth.hashers.MD5PasswordHasher']
