@@ -21,8 +21,11 @@ migrate: $(STAMP)
 run: $(STAMP)
 	$(PY) -m api.run
 
+# Two passes: everything on SQLite, then the PostgreSQL-only cases (statement timeouts, advisory locks)
+# with PostgreSQL as the database. Both real Redis and PostgreSQL are expected on 127.0.0.1.
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not postgres" $(PYTEST_ARGS)
+	HEAVY_LANES_TEST_ON_POSTGRES=1 $(PY) -m pytest -m postgres $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) var

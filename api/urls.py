@@ -6,4 +6,5 @@ from api import views
 urlpatterns = [
     path('healthz', views.HealthView.as_view(), name='healthz'),
     path('capacity/', include('capacity.urls')),
+    path('', include('concepts.urls')),
 ]

@@ -10,5 +10,12 @@ os.environ.setdefault('HEAVY_LANES_VAR_DIR', tempfile.mkdtemp(prefix='heavy-lane
 
 from api.settings import *  # noqa: E402,F401,F403
 
+if os.environ.get('HEAVY_LANES_TEST_ON_POSTGRES') == '1':
+    # The second pass of `make test`: the tests marked `postgres` run with PostgreSQL as the database.
+    import dj_database_url
+
+    DATABASES = {'default': dj_database_url.parse(
+        os.environ.get('HEAVY_LANES_TEST_DATABASE_URL', 'postgres://postgres@127.0.0.1:5432/test'))}
+
 CAPACITY_TASK_ID = 'test-host'
 PASSWORD_HASHERS = ['django.contrib.auth.hashers.MD5PasswordHasher']
