@@ -1,3 +1,10 @@
+"""Staff capacity endpoints, mounted at capacity/ (IsAdminUser: 401 anonymous, 403 non-staff)."""
 from django.urls import path
 
-urlpatterns = []
+from capacity import views
+
+urlpatterns = [
+    path('config/', views.CapacityConfigView.as_view(), name='capacity-config'),
+    path('config/history/', views.CapacityConfigHistoryView.as_view(), name='capacity-config-history'),
+    # capacity/status/ (name 'capacity-status') comes with capacity/status.py and get_status(config).
+]

@@ -1,0 +1,60 @@
+"""Staff endpoints for the capacity config. The work is in capacity.config; these only translate HTTP."""
+from django.core.exceptions import ValidationError
+from rest_framework.parsers import JSONParser
+from rest_framework.permissions import IsAdminUser
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from capacity.config import get_current, get_defaults, get_history, save_config, version_data
+from capacity.constants import SOURCE_API
+
+DEFAULT_HISTORY_LIMIT = 50
+
+
+def to_int(value, default):
+    """`value` as an int; `default` when it is missing, 0 or not a number."""
+    try:
+        return int(value) or default
+    except (TypeError, ValueError):
+        return default
+
+
+class CapacityConfigView(APIView):
+    """GET the config in force and the defaults; PATCH merges a change into it; PUT replaces it."""
+
+    permission_classes = (IsAdminUser,)
+    parser_classes = (JSONParser,)  # a form body can't express numbers or nested settings
+
+    def get(self, request):
+        latest, config = get_current()
+        return Response({**version_data(latest), 'config': config, 'defaults': get_defaults()})
+
+    def patch(self, request):
+        return self.save(request, replace=False)
+
+    def put(self, request):
+        """Settings left out of the body take their defaults."""
+        return self.save(request, replace=True)
+
+    def save(self, request, replace):
+        if not isinstance(request.data, dict):
+            return Response({'detail': 'Send a JSON object.'}, status=400)
+        changes = dict(request.data)
+        note = changes.pop('note', '')
+        if not isinstance(note, str):
+            return Response({'detail': '"note" must be a string.'}, status=400)
+        try:
+            row, config, changed = save_config(
+                changes, user=request.user, source=SOURCE_API, note=note, replace=replace)
+        except ValidationError as ex:
+            return Response({'detail': ex.messages}, status=400)
+        return Response({**version_data(row), 'config': config, 'changes': changed})
+
+
+class CapacityConfigHistoryView(APIView):
+    """GET the newest versions first (`?limit=N`, default 50, at most 500), each with its changes."""
+
+    permission_classes = (IsAdminUser,)
+
+    def get(self, request):
+        return Response(get_history(to_int(request.query_params.get('limit'), DEFAULT_HISTORY_LIMIT)))
