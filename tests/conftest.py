@@ -61,9 +61,16 @@ def redis_client(request, key_prefix):
         return
     client = real_redis_client()
     yield client
-    for key in client.scan_iter(match=f'{key_prefix}*', count=1000):
-        client.delete(key)
+    delete_prefixed(client, key_prefix)
     client.close()
+
+
+def delete_prefixed(client, prefix):
+    """Delete a test's keys: lane keys start with the hash tag `{prefix}`, the others with `prefix`."""
+    escaped = ''.join('\\' + ch if ch in '*?[]\\' else ch for ch in prefix)
+    for pattern in (f'{escaped}*', '\\{' + escaped + '*'):
+        for key in client.scan_iter(match=pattern, count=1000):
+            client.delete(key)
 
 
 @pytest.fixture
@@ -71,8 +78,7 @@ def real_redis(key_prefix):
     """The real Redis only (for concurrency and fault tests); its keys are deleted afterwards."""
     client = real_redis_client()
     yield client
-    for key in client.scan_iter(match=f'{key_prefix}*', count=1000):
-        client.delete(key)
+    delete_prefixed(client, key_prefix)
     client.close()
 
 

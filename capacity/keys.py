@@ -1,0 +1,57 @@
+"""Redis key names for the lease lanes: one helper, one prefix, one hash slot.
+
+Every key is `{<CAPACITY_KEY_PREFIX>}:<lane>[:<part>...]`, e.g. `{ocl:capacity}:api_heavy`,
+`{ocl:capacity}:user:42`, `{ocl:capacity}:api_heavy_task:<host>`. The braces are a Redis Cluster hash tag:
+Cluster hashes only the text between the first `{` and the next `}`, so every key of one prefix lands in one
+slot and the multi-key Lua scripts (a call's lanes plus the expired counter) run on any Redis, Cluster too.
+
+The prefix is read from settings on every call (tests give each test its own prefix).
+"""
+import enum
+
+from django.conf import settings
+
+# Redis SCAN MATCH glob specials; a backslash escapes them.
+GLOB_SPECIALS = frozenset('*?[]\\')
+STATS_LANE = 'stats'
+
+
+def get_tag():
+    """The hash-tagged prefix, `{<prefix>}`. Raises ValueError when the prefix would break the tag."""
+    prefix = settings.CAPACITY_KEY_PREFIX
+    # An empty tag (`{}`) makes Redis hash the whole key, and a brace inside the prefix ends or shifts the
+    # tag: either would scatter one call's lanes over several Cluster slots.
+    if not prefix or '{' in prefix or '}' in prefix:
+        raise ValueError(f'CAPACITY_KEY_PREFIX must be non-empty and free of braces, not {prefix!r}')
+    return '{' + prefix + '}'
+
+
+def lane_name(lane):
+    """The text of a lane: a `capacity.constants.Lane` gives its value, anything else its str()."""
+    return lane.value if isinstance(lane, enum.Enum) else str(lane)
+
+
+def lane_key(lane, *parts):
+    """The key of one lane, e.g. lane_key(Lane.USER, 42) == '{ocl:capacity}:user:42'."""
+    return ':'.join([get_tag(), lane_name(lane), *(str(part) for part in parts)])
+
+
+def expired_key():
+    """The plain counter of leases that expired without a release (acquire adds the leases it prunes)."""
+    return lane_key(STATS_LANE, 'expired')
+
+
+def escape_glob(text):
+    return ''.join('\\' + char if char in GLOB_SPECIALS else char for char in text)
+
+
+def lane_pattern(lane):
+    """The SCAN MATCH pattern for every key of a lane with parts, e.g. '{ocl:capacity}:user:*'."""
+    return escape_glob(lane_key(lane) + ':') + '*'
+
+
+def lane_id(key):
+    """The part of a key after its last ':' (a user id, a host); bytes are decoded as UTF-8."""
+    if isinstance(key, bytes):
+        key = key.decode()
+    return key.rsplit(':', 1)[-1]

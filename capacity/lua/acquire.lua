@@ -1,0 +1,74 @@
+-- ACQUIRE: take a lease for one call in every lane it needs, or in none.
+--
+-- Data: each lane is a sorted set of leases. member = lease token (the task id); score = the lease's
+-- expiry in epoch ms by Redis's own clock (TIME), so API hosts' clocks never matter. A lease whose
+-- score is <= now has expired.
+--
+-- KEYS[1..n]  the call's lane keys (sorted sets), all in one hash slot
+-- KEYS[n+1]   the expired-lease counter (a plain integer key): every lease this script prunes expired
+--             without a release (its worker died or stopped renewing), which ops alert on
+-- ARGV[1]     token         lease token (the task id)
+-- ARGV[2]     lease_ms      lease length, ms
+-- ARGV[3]     force         '1' takes the leases even when a lane is full; '0' takes none then
+-- ARGV[4]     not_after_ms  epoch ms; later than this the caller has stopped waiting, so take nothing
+-- ARGV[5..]   limit_i       calls in flight allowed in lane i, one per lane key, in KEYS order
+--
+-- Returns {-1} when Redis runs the script after not_after_ms (it sat in a buffer while Redis hung);
+-- else {taken (1 or 0), count_1, ..., count_n}: each lane's unexpired leases before this call, not
+-- counting a lease this token already holds, so acquiring again with the same token (a redelivered
+-- task) is idempotent. Lane i is full when count_i >= limit_i.
+
+-- prelude (identical in every script that reads the clock)
+if redis.replicate_commands then redis.replicate_commands() end  -- TIME is non-deterministic
+local time = redis.call('TIME')
+local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+-- Only ever extend a lane's TTL: other calls' leases in it may be longer than this one.
+-- PTTL is -1 for a key without a TTL and -2 for a missing key, so both get one.
+local function keep(key, ms)
+  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
+end
+-- end prelude
+
+local lanes = #KEYS - 1
+local expired_key = KEYS[#KEYS]
+local token = ARGV[1]
+local lease_ms = tonumber(ARGV[2])
+local force = ARGV[3] == '1'
+local not_after_ms = tonumber(ARGV[4])
+if lanes < 1 or #ARGV ~= 4 + lanes or not lease_ms or lease_ms <= 0 or not not_after_ms then
+  return redis.error_reply('acquire: expected KEYS lanes..., counter and ARGV token, lease_ms > 0, '
+    .. 'force, not_after_ms, one limit per lane')
+end
+
+if now_ms > not_after_ms then
+  return {-1}
+end
+
+local result = {0}
+local full = false
+local pruned = 0
+for i = 1, lanes do
+  local key = KEYS[i]
+  pruned = pruned + redis.call('ZREMRANGEBYSCORE', key, '-inf', now_ms)
+  local count = redis.call('ZCARD', key)
+  -- After the prune any lease of this token is unexpired: it is this call's own, not one ahead of it.
+  if redis.call('ZSCORE', key, token) then
+    count = count - 1
+  end
+  result[i + 1] = count
+  if count >= tonumber(ARGV[4 + i]) then
+    full = true
+  end
+end
+if pruned > 0 then
+  redis.call('INCRBY', expired_key, pruned)
+end
+
+if force or not full then
+  result[1] = 1
+  for i = 1, lanes do
+    redis.call('ZADD', KEYS[i], now_ms + lease_ms, token)
+    keep(KEYS[i], 2 * lease_ms)
+  end
+end
+return result

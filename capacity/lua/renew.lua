@@ -1,0 +1,45 @@
+-- RENEW: extend every lease of one call, or none of them.
+--
+-- Data: each lane is a sorted set of leases. member = lease token (the task id); score = the lease's
+-- expiry in epoch ms by Redis's own clock (TIME). A lease whose score is <= now has expired.
+--
+-- KEYS[1..n]  the call's lane keys (sorted sets), all in one hash slot
+-- ARGV[1]     token     lease token (the task id)
+-- ARGV[2]     lease_ms  new lease length from now, ms
+--
+-- Returns held: how many of the keys hold an unexpired lease of this token. Only when held == n does it
+-- move every lease to now + lease_ms. An expired lease is never revived and a missing key is never
+-- re-created, so a call is never counted in only some of its lanes; the caller reads held < n as
+-- "lease lost". Nothing is pruned here (acquire prunes and counts what expired).
+
+-- prelude (identical in every script that reads the clock)
+if redis.replicate_commands then redis.replicate_commands() end  -- TIME is non-deterministic
+local time = redis.call('TIME')
+local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+-- Only ever extend a lane's TTL: other calls' leases in it may be longer than this one.
+-- PTTL is -1 for a key without a TTL and -2 for a missing key, so both get one.
+local function keep(key, ms)
+  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
+end
+-- end prelude
+
+local token = ARGV[1]
+local lease_ms = tonumber(ARGV[2])
+if #KEYS < 1 or #ARGV ~= 2 or not lease_ms or lease_ms <= 0 then
+  return redis.error_reply('renew: expected KEYS lanes... and ARGV token, lease_ms > 0')
+end
+
+local held = 0
+for i = 1, #KEYS do
+  local score = redis.call('ZSCORE', KEYS[i], token)
+  if score and tonumber(score) > now_ms then
+    held = held + 1
+  end
+end
+if held == #KEYS then
+  for i = 1, #KEYS do
+    redis.call('ZADD', KEYS[i], now_ms + lease_ms, token)
+    keep(KEYS[i], 2 * lease_ms)
+  end
+end
+return held

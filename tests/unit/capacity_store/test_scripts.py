@@ -1,0 +1,40 @@
+"""The Lua scripts ship as package data and each documents its own contract in a header."""
+import re
+
+import pytest
+
+from capacity.store import SCRIPTS, read_script
+
+PRELUDE = re.compile(r'^-- prelude .*?^-- end prelude$', re.MULTILINE | re.DOTALL)
+
+
+@pytest.mark.parametrize('name', SCRIPTS)
+def test_each_script_opens_with_a_header_naming_its_data_keys_argv_and_return(name):
+    source = read_script(name)
+    header = []
+    for line in source.splitlines():
+        if not line.startswith('--'):
+            break
+        header.append(line)
+    text = '\n'.join(header)
+    assert header[0].startswith(f'-- {name.upper()}:')
+    for word in ('sorted set', 'member = lease token', 'score', 'epoch ms', 'KEYS[1..n]', 'Returns'):
+        assert word in text, f'{name}.lua header lacks {word!r}'
+
+
+@pytest.mark.parametrize('name', SCRIPTS)
+def test_every_argv_is_documented_and_bound_to_a_named_local(name):
+    source = read_script(name)
+    used = sorted(set(re.findall(r'ARGV\[(\d+)\]', PRELUDE.sub('', source.split('\n\n', 1)[1]))))
+    for index in used:
+        assert re.search(rf'^-- ARGV\[{index}\] +\w+', source, re.MULTILINE), f'ARGV[{index}] of {name}'
+        assert re.search(rf'^local \w+ = .*ARGV\[{index}\]', source, re.MULTILINE), f'ARGV[{index}] of {name}'
+
+
+def test_the_scripts_that_read_the_clock_share_one_prelude():
+    preludes = {name: PRELUDE.search(read_script(name)) for name in SCRIPTS}
+    with_clock = {name: match.group(0) for name, match in preludes.items() if match}
+    assert set(with_clock) == {'acquire', 'renew', 'count'}
+    assert len(set(with_clock.values())) == 1, 'the prelude drifted between scripts'
+    # release doesn't read the clock; a TIME call there would only cost a syscall.
+    assert "redis.call('TIME')" not in read_script('release')
