@@ -13,6 +13,7 @@ import dj_database_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get('HEAVY_LANES_VAR_DIR', BASE_DIR / 'var'))
+VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 
 def env_bool(name, default=False):
@@ -106,6 +107,8 @@ REST_FRAMEWORK = {
     'DEFAULT_PERMISSION_CLASSES': ['rest_framework.permissions.IsAuthenticated'],
     'DEFAULT_SCHEMA_CLASS': 'drf_spectacular.openapi.AutoSchema',
     'UNAUTHENTICATED_USER': 'django.contrib.auth.models.AnonymousUser',
+    'EXCEPTION_HANDLER': 'api.errors.handle',
+    'DEFAULT_THROTTLE_RATES': {'heavy': os.environ.get('HEAVY_RATE_LIMIT', '600/min')},
 }
 SPECTACULAR_SETTINGS = {
     'TITLE': 'Heavy Lanes API',
@@ -140,6 +143,14 @@ REDIS_SENTINELS_LIST = [
 ]
 REDIS_SENTINELS_MASTER = os.environ.get('REDIS_SENTINELS_MASTER', 'mymaster')
 
+# The cache holds DRF's rate-limit history; it must be shared by every API process, so it lives in Redis.
+CACHES = {'default': {
+    'BACKEND': 'django.core.cache.backends.redis.RedisCache',
+    'LOCATION': os.environ.get('CACHE_REDIS_URL') or REDIS_URL,
+    'KEY_PREFIX': 'heavy-lanes',
+    'OPTIONS': {'socket_timeout': 1, 'socket_connect_timeout': 1},
+}}
+
 # --- Capacity limiter (see docs/architecture.md and capacity/).
 CAPACITY_LIMIT_MODE = os.environ.get('CAPACITY_LIMIT_MODE', 'shadow')
 CAPACITY_CONFIG_CACHE_SECONDS = env_int('CAPACITY_CONFIG_CACHE_SECONDS', 10)
@@ -170,3 +181,38 @@ LOGGING = {
     'handlers': {'console': {'class': 'logging.StreamHandler'}},
     'loggers': {'heavy_lanes': {'handlers': ['console'], 'level': os.environ.get('LOG_LEVEL', 'INFO')}},
 }
+
+# --- Celery: Redis broker (a separate one may be named), results in the database, JSON only.
+CELERY_BROKER_URL = os.environ.get('CELERY_BROKER_URL') or REDIS_URL
+CELERY_RESULT_BACKEND = 'django-db'
+CELERY_RESULT_EXTENDED = True
+CELERY_TASK_SERIALIZER = 'json'
+CELERY_RESULT_SERIALIZER = 'json'
+CELERY_ACCEPT_CONTENT = ['json']
+CELERY_EVENT_SERIALIZER = 'json'
+# A call's message is acknowledged only when it finished: a worker that dies mid-call leaves it to be
+# delivered again (at once when only its pool process died, after the visibility timeout when the node
+# died). Prefetch 1 keeps a busy worker from hoarding calls another node could start.
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Must exceed the longest a message can stay unacknowledged: its queue deadline plus max_hold_seconds
+# (600 + 900 s with the defaults). Shorter redelivers a dead node's calls sooner, but a call still running
+# past it would be delivered twice.
+CELERY_VISIBILITY_TIMEOUT = env_int('CELERY_VISIBILITY_TIMEOUT', 3600)
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    'visibility_timeout': CELERY_VISIBILITY_TIMEOUT,
+    'queue_order_strategy': 'priority',
+    'priority_steps': [0, 3, 6, 9],
+    'socket_timeout': env_float('CELERY_BROKER_SOCKET_TIMEOUT', 2.0),
+    'socket_connect_timeout': env_float('CELERY_BROKER_SOCKET_TIMEOUT', 2.0),
+}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Publishing happens inside a request: fail fast (the API answers 503) instead of retrying for seconds.
+CELERY_TASK_PUBLISH_RETRY_POLICY = {'max_retries': 1, 'interval_start': 0, 'interval_step': 0.2,
+                                    'interval_max': 0.2}
+CELERY_WORKER_SEND_TASK_EVENTS = True
+CELERY_TASK_SEND_SENT_EVENT = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# How often a lane worker re-reads the config to resize its pool (the config cache refresh).
+WORKERS_RECONCILE_SECONDS = env_float('WORKERS_RECONCILE_SECONDS', CAPACITY_CONFIG_CACHE_SECONDS)

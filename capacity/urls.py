@@ -6,5 +6,5 @@ from capacity import views
 urlpatterns = [
     path('config/', views.CapacityConfigView.as_view(), name='capacity-config'),
     path('config/history/', views.CapacityConfigHistoryView.as_view(), name='capacity-config-history'),
-    # capacity/status/ (name 'capacity-status') comes with capacity/status.py and get_status(config).
+    path('status/', views.CapacityStatusView.as_view(), name='capacity-status'),
 ]

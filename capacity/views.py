@@ -58,3 +58,13 @@ class CapacityConfigHistoryView(APIView):
 
     def get(self, request):
         return Response(get_history(to_int(request.query_params.get('limit'), DEFAULT_HISTORY_LIMIT)))
+
+
+class CapacityStatusView(APIView):
+    """GET: lanes with in-flight leases and limits, queues with depth, age and pools, Redis health."""
+
+    permission_classes = (IsAdminUser,)
+
+    def get(self, request):
+        from capacity.status import get_status  # reads Redis; only this view needs it
+        return Response(get_status(get_current()[1]))

@@ -1,0 +1,161 @@
+"""The limiter's policy as pure functions of config, counts and the call: no Redis, no Django models.
+
+Which lanes a call takes and their limits, which lanes are full, the decision, Retry-After, the scope a
+refusal names, the concurrency a client should use, and the 429 body. capacity.gate feeds these with what
+the lane store returned.
+"""
+from dataclasses import dataclass, field
+
+from capacity.constants import (
+    API_HEAVY_QUEUE, ERROR_CODE, ES2_KNN_QUEUE, INTERACTIVE_QUEUE, MATCH, Decision, Lane,
+)
+
+# The lane whose limit a queue's waiting room (queue.max_waiting) extends in enforce mode.
+QUEUE_LANES = {INTERACTIVE_QUEUE: Lane.API_HEAVY, ES2_KNN_QUEUE: Lane.ES2_KNN, API_HEAVY_QUEUE: Lane.API_HEAVY}
+# Lanes where slots are reserved for single-row calls: bulk calls may fill them only to limit - reserve.
+RESERVED_LANES = (Lane.API_HEAVY, Lane.API_HEAVY_TASK, Lane.ES2_KNN)
+
+
+@dataclass(frozen=True)
+class Call:
+    """What the limiter needs to know about one heavy call."""
+
+    endpoint: str
+    rows: int
+    tier: str
+    user_id: object
+    semantic: bool = False
+    reranker: bool = False
+    waits: bool = False  # holds an API worker while it waits for its result (Prefer: wait)
+    host: str = ''       # the API host, for the api_heavy_task lane
+    queue: str = ''      # the Celery queue it will run on ('' when it runs nowhere, e.g. tests)
+
+    @property
+    def single_row(self):
+        # $rerank is never single-row: those calls come from bulk auto-match runs, never from a person.
+        return self.endpoint == MATCH and self.rows == 1
+
+
+@dataclass(frozen=True)
+class LaneLimit:
+    """One lane a call takes: the lane, the parts of its key after the lane name, and its limit here."""
+
+    lane: Lane
+    parts: tuple = ()
+    limit: int = 0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What acquiring decided, from the counts each lane had before this call."""
+
+    decision: Decision
+    full: tuple = ()
+    counts: dict = field(default_factory=dict)  # lane -> count including this call when it took a lease
+    retry_after: int | None = None
+
+
+def bulk_limit(limit, config, call):
+    return limit if call.single_row else max(limit - config['reserve_single_row'], 0)
+
+
+def lanes_for(config, call, enforced=False):
+    """The lanes `call` takes, in order, with this call's limit in each."""
+    lanes = [LaneLimit(Lane.API_HEAVY, (), bulk_limit(config['api_heavy']['cluster'], config, call))]
+    if call.waits:
+        lanes.append(LaneLimit(Lane.API_HEAVY_TASK, (call.host,),
+                               bulk_limit(config['api_heavy']['per_task'], config, call)))
+    if call.semantic:
+        lanes.append(LaneLimit(Lane.ES2_KNN, (), bulk_limit(config['es2_knn'], config, call)))
+    lanes.append(LaneLimit(Lane.TIER, (call.tier,), config['tiers'][call.tier]))
+    lanes.append(LaneLimit(Lane.USER, (call.user_id,), config['per_user'][call.tier]))
+    if enforced:
+        lanes = with_waiting_room(config, call, lanes)
+    return lanes
+
+
+def with_waiting_room(config, call, lanes):
+    """Let up to queue.max_waiting[queue] calls beyond the limit wait in the queue (never a paused lane)."""
+    room = config['queue']['max_waiting'].get(call.queue, 0)
+    lane = QUEUE_LANES.get(call.queue)
+    if not room or lane is None:
+        return lanes
+    return [LaneLimit(item.lane, item.parts, item.limit + room) if item.lane == lane and item.limit > 0 else item
+            for item in lanes]
+
+
+def full_lanes(lanes, before):
+    """The lanes whose count before this call had reached their limit."""
+    return tuple(item.lane for item, count in zip(lanes, before) if count >= item.limit)
+
+
+def decide(lanes, before, taken):
+    """The decision for a call whose lanes held `before` leases and which took a lease or not."""
+    full = full_lanes(lanes, before)
+    counts = {item.lane: count + int(taken) for item, count in zip(lanes, before)}
+    if not full:
+        return Outcome(Decision.ADMITTED, full, counts)
+    decision = Decision.SHADOW_REFUSED if taken else Decision.REFUSED
+    return Outcome(decision, full, counts)
+
+
+def limits_of(lanes):
+    return {item.lane: item.limit for item in lanes}
+
+
+def retry_after(config, lanes, before, full):
+    """Seconds to wait: base per call ahead in the fullest lane, up to max; `paused` when a limit is 0."""
+    limits = limits_of(lanes)
+    if any(limits[lane] == 0 for lane in full):
+        return config['retry_after']['paused']
+    counts = {item.lane: count for item, count in zip(lanes, before)}
+    ahead = max(counts[lane] - limits[lane] + 1 for lane in full)
+    return min(config['retry_after']['max'], config['retry_after']['base'] * ahead)
+
+
+def scope(lanes, full):
+    """The lane a refusal names: a paused lane first (it decides the long wait), else the first full one."""
+    limits = limits_of(lanes)
+    for lane in full:
+        if limits[lane] == 0:
+            return lane
+    return full[0] if full else None
+
+
+def suggested_concurrency(lanes, counts):
+    """How many calls at once this user should keep in flight, given what the lanes have left.
+
+    None without lanes; 0 when a lane is paused; the per-user limit when nothing could be counted;
+    otherwise the user's own calls plus the smallest headroom left in a shared lane, between 1 and the
+    per-user limit. api_heavy_task is left out: it is per API host, and the balancer spreads calls.
+    """
+    if not lanes:
+        return None
+    limits = limits_of(lanes)
+    if any(limit == 0 for limit in limits.values()):
+        return 0
+    user_limit = limits[Lane.USER]
+    if not counts:
+        return user_limit
+    headroom = min(limits[lane] - counts[lane] for lane in limits if lane != Lane.API_HEAVY_TASK)
+    return max(1, min(user_limit, counts[Lane.USER] + headroom))
+
+
+def refusal_body(retry_seconds, scope_lane, paused):
+    """The 429 body of a capacity refusal."""
+    return {
+        'detail': f'Matching is busy. Please retry in {retry_seconds} seconds.',
+        'error_code': ERROR_CODE,
+        'scope': str(scope_lane) if scope_lane is not None else None,
+        'paused': bool(paused),
+        'retry_after': retry_seconds,
+    }
+
+
+def is_enforced(config, metadata):
+    """Enforce mode refuses every client with enforce_for=all, else only those that say they handle it."""
+    if config['mode'] != 'enforce':
+        return False
+    if config['enforce_for'] == 'all':
+        return True
+    return str(metadata.get('capacity_aware')).lower() in ('true', '1')

@@ -1,0 +1,30 @@
+"""The limiter's one fail-open policy: its own failures never refuse or stop a call.
+
+Any error while counting, renewing or releasing is recorded on the object that met it (its `error`, as
+`<ExcClass>: <message>` up to 300 characters) and logged once here. A Redis error also opens the skip
+window (capacity.store.RedisLanes.mark_unavailable): for CAPACITY_REDIS_RETRY_SECONDS this process
+doesn't call Redis for capacity, so an outage costs at most one call per process per window, by at most
+the deadline. Other errors (a bug) leave the window shut.
+"""
+import logging
+
+import redis
+
+from capacity.store import RedisLanes
+
+logger = logging.getLogger('heavy_lanes')
+ERROR_LENGTH = 300
+SKIPPED = 'skipped: Redis failed recently'
+RELEASE_SKIPPED = 'release skipped: Redis failed recently; the leases will expire'
+
+
+def describe(ex):
+    return f'{type(ex).__name__}: {ex}'[:ERROR_LENGTH]
+
+
+def record(holder, ex, action):
+    """Note `ex` on `holder` (a gate or a lease) and go on without the limiter."""
+    holder.error = describe(ex)
+    if isinstance(ex, redis.RedisError):
+        RedisLanes.mark_unavailable()
+    logger.warning('Capacity %s failed open (%s)', action, holder.error)

@@ -1,0 +1,108 @@
+"""The leases one admitted call holds, and the thread that renews them while it runs.
+
+The token is the call's task id. The API takes the leases (capacity.gate) for as long as the call may
+wait in its queue; the worker that runs it renews them at start (all or nothing: an expired lease is never
+revived), every `renew_seconds` while it runs (up to `max_hold_seconds`), and releases them in `finally`.
+A redelivered call (its worker died) takes them again with `retake`: it was admitted once.
+Nothing here raises: errors go through capacity.failopen.
+"""
+import threading
+import time
+
+from capacity import failopen
+from capacity.store import RedisLanes
+
+
+class Lease:
+    def __init__(self, keys, token, lease_ms, holding=True):
+        self.keys = list(keys)
+        self.token = token
+        self.lease_ms = int(lease_ms)
+        self.holding = holding  # False for a call that went ahead uncounted: there is nothing to renew
+        self.lease_lost = False
+        self.renewals_failed = 0
+        self.error = None
+        self.released = False
+
+    def renew(self):
+        """Extend every lease by lease_ms from now, or none of them; True when all were held."""
+        if not self.holding or self.released:
+            return False
+        if not RedisLanes.is_available():
+            return False
+        try:
+            held = RedisLanes.renew(self.keys, self.token, self.lease_ms)
+        except Exception as ex:  # noqa: BLE001 - fail open: the call runs on uncounted
+            self.renewals_failed += 1
+            failopen.record(self, ex, 'renewal')
+            return False
+        if held < len(self.keys):
+            self.lease_lost = True
+            self.renewals_failed += 1
+            return False
+        return True
+
+    def retake(self, limits):
+        """Take the leases again whatever the counts (a call that was admitted once); True when taken."""
+        if not self.keys or not RedisLanes.is_available():
+            return False
+        try:
+            RedisLanes.acquire(self.keys, limits, self.token, self.lease_ms, force=True)
+        except Exception as ex:  # noqa: BLE001
+            failopen.record(self, ex, 'retake')
+            return False
+        self.holding, self.lease_lost = True, False
+        return True
+
+    def release(self, keys=None):
+        """Remove this call's token from `keys` (default: all its lanes). Idempotent for the whole set."""
+        if keys is None:
+            if self.released:
+                return
+            self.released = True
+            keys = self.keys
+        if not self.holding or not keys:
+            return
+        if not RedisLanes.is_available():
+            self.error = self.error or failopen.RELEASE_SKIPPED
+            return
+        try:
+            RedisLanes.release(list(keys), self.token)
+        except Exception as ex:  # noqa: BLE001
+            failopen.record(self, ex, 'release')
+
+    def drop(self, keys):
+        """Release some lanes now and stop counting them as this call's (e.g. the API host's lane)."""
+        keys = [key for key in keys if key in self.keys]
+        self.release(keys)
+        self.keys = [key for key in self.keys if key not in keys]
+
+
+class LeaseRenewer(threading.Thread):
+    """Renews a lease every `interval` s until stopped, the lease is lost, or `max_hold` s have passed."""
+
+    def __init__(self, lease, interval, max_hold, clock=time.monotonic):
+        super().__init__(name='ocl-capacity-lease', daemon=True)
+        self.lease = lease
+        self.interval = interval
+        self.deadline = clock() + max_hold
+        self.clock = clock
+        self.finished = threading.Event()
+        self.renewals = 0
+
+    def run(self):
+        while not self.finished.wait(self.interval):
+            if self.clock() >= self.deadline:
+                return
+            self.lease.renew()
+            self.renewals += 1
+            if self.lease.lease_lost:
+                # Renewing the rest would count the call in only some lanes.
+                return
+
+    def stop(self):
+        # Don't wait out a renewal in flight: one that lands after the release only touches leases the
+        # call still holds, so it changes nothing.
+        self.finished.set()
+        if self.is_alive() and self is not threading.current_thread():
+            self.join(0.1)

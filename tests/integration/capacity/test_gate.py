@@ -1,0 +1,287 @@
+"""The gate on both lane stores (fakeredis with real Lua, and the real Redis): LIMITER.md §8 CapacityGateTest,
+adapted where DESIGN.md changes the behaviour (api_heavy_task only for calls that wait in the request; the
+single-row reserve in every lane a single-row call takes; a queued call's lease lasts its queue deadline).
+"""
+import time
+from unittest import mock
+
+import pytest
+import redis
+
+from capacity import decisions
+from capacity.constants import Decision, Lane
+from capacity.gate import CapacityGate
+from capacity.keys import lane_key
+from capacity.store import RedisLanes
+
+pytestmark = pytest.mark.usefixtures('lanes')
+
+
+def zcard(client, lane, *parts):
+    return client.zcard(lane_key(lane, *parts))
+
+
+def test_admits_and_counts_a_call_in_every_lane(make_user, gates, lanes):
+    user = make_user('early_access')
+    gate = gates(user, waits=True)
+    assert gate.decision == Decision.ADMITTED and gate.holding
+    assert gate.limits == {Lane.API_HEAVY: 3, Lane.API_HEAVY_TASK: 1, Lane.ES2_KNN: 2, Lane.TIER: 3, Lane.USER: 2}
+    assert set(gate.counts.values()) == {1}
+    for key in gate.keys:
+        assert lanes.zcard(key) == 1
+        assert lanes.pttl(key) > 0
+    gate.release()
+    assert [lanes.zcard(key) for key in gate.keys] == [0] * 5
+    gate.release()  # a second release is harmless
+
+
+def test_shadow_mode_never_refuses_but_says_it_would_have(make_user, gates):
+    user = make_user()
+    gates(user)
+    second = gates(user)
+    assert second.decision == Decision.SHADOW_REFUSED and second.holding and not second.refused
+    assert second.full == (Lane.USER,)
+    assert second.counts[Lane.USER] == 2
+    assert second.retry_after == 5
+
+
+def test_enforce_mode_refuses_without_taking_a_lease(make_user, gates, configure, lanes):
+    configure(mode='enforce', enforce_for='all')
+    user = make_user()
+    first = gates(user)
+    second = gates(user)
+    assert second.refused and not second.holding
+    assert second.counts[Lane.USER] == 1
+    assert zcard(lanes, Lane.USER, user.pk) == 1
+    assert second.refusal_body() == {
+        'detail': 'Matching is busy. Please retry in 5 seconds.', 'error_code': 'capacity_exceeded',
+        'scope': 'user', 'paused': False, 'retry_after': 5}
+    first.release()
+    assert gates(user).decision == Decision.ADMITTED
+
+
+def test_enforce_for_aware_refuses_only_clients_that_say_they_handle_it(make_user, gates, configure):
+    configure(mode='enforce')
+    user = make_user()
+    gates(user)
+    unaware = gates(user)
+    aware = gates(user, metadata={'capacity_aware': 'true'})
+    assert unaware.decision == Decision.SHADOW_REFUSED and not unaware.enforced
+    assert aware.decision == Decision.REFUSED and aware.enforced
+
+
+def test_a_stale_lease_expires(make_user, gates, lanes):
+    user = make_user()
+    key = lane_key(Lane.USER, user.pk)
+    lanes.zadd(key, {'dead': 1000})
+    gate = gates(user)
+    assert gate.decision == Decision.ADMITTED
+    assert lanes.zrange(key, 0, -1) == [gate.token.encode()]
+    assert RedisLanes.expired_total() == 1
+
+
+def test_single_row_calls_can_use_the_reserved_slot(make_user, gates, configure):
+    configure(mode='enforce', enforce_for='all', api_heavy={'cluster': 2, 'per_task': 2},
+              tiers={'staff': 9, 'core': 9, 'early_access': 9, 'preview': 9},
+              per_user={'staff': 9, 'core': 9, 'early_access': 9, 'preview': 9}, reserve_single_row=1)
+    user = make_user()
+    assert gates(user, semantic=False, reranker=True).limits[Lane.API_HEAVY] == 1
+    assert gates(user, semantic=False, reranker=True).scope == Lane.API_HEAVY
+    single = gates(user, rows=1, semantic=False, reranker=True)
+    assert single.limits[Lane.API_HEAVY] == 2 and single.decision == Decision.ADMITTED
+    assert gates(user, endpoint='$rerank', rows=1, semantic=False).refused
+
+
+def test_the_reserve_holds_in_the_es2_knn_lane_too(make_user, gates, configure):
+    configure(mode='enforce', enforce_for='all', es2_knn=2,
+              per_user={'staff': 9, 'core': 9, 'early_access': 9, 'preview': 9})
+    user = make_user('core_user')
+    assert gates(user).limits[Lane.ES2_KNN] == 1
+    assert gates(user).scope == Lane.ES2_KNN
+    single = gates(user, rows=1)
+    assert single.decision == Decision.ADMITTED and single.limits[Lane.ES2_KNN] == 2
+
+
+def test_each_api_host_has_its_own_lane_for_calls_that_wait(make_user, gates, configure, settings):
+    configure(mode='enforce', enforce_for='all', api_heavy={'cluster': 4, 'per_task': 2},
+              per_user={'staff': 9, 'core': 9, 'early_access': 9, 'preview': 9})
+    user = make_user('core_user')
+    settings.CAPACITY_TASK_ID = 'host-a'
+    assert gates(user, semantic=False, reranker=True, waits=True).limits[Lane.API_HEAVY_TASK] == 1
+    assert gates(user, semantic=False, reranker=True, waits=True).scope == Lane.API_HEAVY_TASK
+    assert Lane.API_HEAVY_TASK not in gates(user, semantic=False, reranker=True).limits  # doesn't wait
+    settings.CAPACITY_TASK_ID = 'host-b'
+    other = gates(user, semantic=False, reranker=True, waits=True)
+    assert other.decision == Decision.ADMITTED, (other.full, other.counts, other.limits)
+    assert other.counts[Lane.API_HEAVY] == 3
+
+
+def test_tier_ceilings_leave_other_tiers_alone(make_user, gates, configure):
+    configure(mode='enforce', enforce_for='all', per_user={'staff': 9, 'core': 9, 'early_access': 9, 'preview': 9},
+              api_heavy={'cluster': 20, 'per_task': 20}, es2_knn=20)
+    previews = [make_user() for _ in range(3)]
+    gates(previews[0]), gates(previews[1])
+    third = gates(previews[2])
+    assert third.refused and third.scope == Lane.TIER and third.counts[Lane.TIER] == 2
+    early = gates(make_user('early_access'))
+    assert early.decision == Decision.ADMITTED and early.counts[Lane.TIER] == 1
+
+
+def test_only_semantic_calls_take_an_es2_knn_lane(make_user, gates, configure):
+    configure(mode='enforce', enforce_for='all', es2_knn=2, per_user={'staff': 9, 'core': 9, 'early_access': 9,
+                                                                       'preview': 9})
+    user = make_user('core_user')
+    gates(user)
+    assert gates(user).scope == Lane.ES2_KNN
+    lexical = gates(user, semantic=False, reranker=True)
+    assert Lane.ES2_KNN not in lexical.limits and lexical.decision == Decision.ADMITTED
+
+
+def test_a_paused_tier(make_user, gates, configure):
+    configure(mode='enforce', enforce_for='all', tiers={'staff': 4, 'core': 4, 'early_access': 3, 'preview': 0})
+    gate = gates(make_user())
+    assert gate.refused and gate.scope == Lane.TIER and gate.retry_after == 120 and gate.suggested() == 0
+    assert gate.refusal_body()['paused'] is True
+
+
+def test_a_paused_lane_is_the_scope_reported(make_user, gates, configure):
+    configure(mode='enforce', enforce_for='all', api_heavy={'cluster': 2, 'per_task': 2}, reserve_single_row=1,
+              tiers={'staff': 4, 'core': 4, 'early_access': 3, 'preview': 0})
+    gates(make_user('core_user'), semantic=False, reranker=True)  # fills the one bulk slot
+    gate = gates(make_user(), semantic=False, reranker=True)
+    assert gate.full == (Lane.API_HEAVY, Lane.TIER)
+    assert gate.scope == Lane.TIER
+    body = gate.refusal_body()
+    assert (body['scope'], body['paused'], body['retry_after']) == ('tier', True, 120)
+
+
+def test_retry_after_grows_with_the_calls_ahead_up_to_the_max(make_user, gates, configure):
+    configure(mode='shadow', api_heavy={'cluster': 10, 'per_task': 10},
+              tiers={'staff': 99, 'core': 99, 'early_access': 99, 'preview': 99},
+              per_user={'staff': 99, 'core': 99, 'early_access': 99, 'preview': 99})
+    user = make_user('core_user')
+    for _ in range(8):
+        gates(user, semantic=False, reranker=True)
+    assert [gates(user, semantic=False, reranker=True).retry_after for _ in range(4)] == [None, 5, 10, 15]
+    configure(retry_after={'base': 5, 'max': 12, 'paused': 120})
+    assert gates(user, semantic=False, reranker=True).retry_after == 12
+
+
+def test_suggested_concurrency(make_user, gates, configure):
+    configure(es2_knn=9, api_heavy={'cluster': 4, 'per_task': 4})
+    assert gates(make_user('core_user')).suggested() == 3
+    assert gates(make_user('core_user')).suggested() == 2
+    assert gates(make_user()).suggested() == 1
+    assert decisions.suggested_concurrency([], {}) is None
+
+
+def test_the_waiting_room_admits_that_many_beyond_the_limit(make_user, gates, configure):
+    configure(mode='enforce', enforce_for='all', es2_knn=2,
+              per_user={'staff': 9, 'core': 9, 'early_access': 9, 'preview': 9},
+              queue={'deadline_seconds': 600, 'max_waiting': {'interactive': 0, 'es2_knn': 2, 'api_heavy': 0}})
+    user = make_user('core_user')
+    decided = [gates(user, queue='es2_knn').decision for _ in range(4)]
+    assert decided == [Decision.ADMITTED] * 3 + [Decision.REFUSED]  # 1 slot + 2 waiting, then refused
+
+
+def test_a_queued_call_holds_its_leases_until_its_queue_deadline(make_user, gates, lanes):
+    gate = gates(make_user(), queue='es2_knn')
+    now_ms = lanes.time()[0] * 1000
+    score = lanes.zscore(gate.keys[0], gate.token)
+    assert 599_000 <= score - now_ms <= 601_000
+
+
+def test_redis_failure_fails_open_and_skips_redis_for_a_while(make_user, gates):
+    user = make_user()
+    broken = mock.Mock(side_effect=redis.ConnectionError('refused'))
+    with mock.patch.object(RedisLanes, 'acquire', broken):
+        gate = gates(user)
+        assert gate.decision == Decision.UNAVAILABLE and not gate.holding
+        assert gate.error == 'ConnectionError: refused'
+        assert not RedisLanes.is_available()
+        skipped = gates(user)
+        assert skipped.decision == Decision.UNAVAILABLE and broken.call_count == 1
+        assert skipped.suggested() == 1
+        assert HEADERS_WITHOUT_COUNTS <= set(skipped.headers())
+        RedisLanes.unavailable_until = 0
+        gates(user)
+        assert broken.call_count == 2
+
+
+HEADERS_WITHOUT_COUNTS = {'X-OCL-Capacity-Decision', 'X-OCL-Capacity-Limit', 'X-OCL-Capacity-Tier',
+                          'X-OCL-Capacity-Tier-Limit', 'X-OCL-Capacity-Suggested-Concurrency'}
+
+
+def test_an_acquire_that_redis_runs_too_late_takes_no_lease(make_user, gates, lanes):
+    with mock.patch('capacity.store.get_not_after_ms', return_value=int(time.time() * 1000) - 10_000):
+        gate = gates(make_user())
+    assert gate.decision == Decision.UNAVAILABLE and not gate.holding
+    assert 'no lease was taken' in gate.error
+    assert all(lanes.zcard(key) == 0 for key in gate.keys)
+
+
+def test_an_error_after_a_refusal_never_refuses(make_user, gates, configure):
+    configure(mode='enforce', enforce_for='all')
+    user = make_user()
+    gates(user)
+    with mock.patch('capacity.decisions.retry_after', side_effect=RuntimeError('boom')):
+        gate = gates(user)
+    assert gate.decision == Decision.UNAVAILABLE and not gate.refused and gate.retry_after is None
+
+
+def test_an_unexpected_error_fails_open(make_user, gates):
+    with mock.patch('capacity.gate.get_tier', side_effect=KeyError('tier')):
+        gate = gates(make_user())
+    assert gate.decision == Decision.UNAVAILABLE and gate.error == "KeyError: 'tier'"
+    assert RedisLanes.is_available()  # not a Redis error: the skip window stays shut
+    assert gate.record()['decision'] == 'unavailable'
+
+
+def test_off_mode_does_nothing(make_user, gates, configure):
+    configure(mode='off')
+    with mock.patch.object(RedisLanes, 'acquire') as acquire:
+        gate = gates(make_user())
+    acquire.assert_not_called()
+    assert gate.decision is None and gate.headers() == {} and gate.record() is None
+
+
+def test_headers(make_user, gates, configure):
+    gate = gates(make_user())
+    assert gate.headers() == {
+        'X-OCL-Capacity-Decision': 'admitted', 'X-OCL-Capacity-Limit': '3', 'X-OCL-Capacity-In-Flight': '1',
+        'X-OCL-Capacity-Tier': 'preview', 'X-OCL-Capacity-Tier-Limit': '2', 'X-OCL-Capacity-Tier-In-Flight': '1',
+        'X-OCL-Capacity-Suggested-Concurrency': '1'}
+    configure(mode='enforce', enforce_for='all')
+    refused = gates(gate.user)
+    assert refused.headers()['X-OCL-Capacity-Decision'] == 'refused'
+    assert refused.headers()['Retry-After'] == '5'
+    assert 'Retry-After' not in gate.headers()
+
+    class Broken(dict):
+        def __setitem__(self, name, value):
+            raise ValueError('bad header')
+    gate.apply_headers(Broken())
+    assert gate.error == 'ValueError: bad header'
+    assert gate.apply_headers(None) is None
+
+
+def test_the_log_record(make_user, gates, settings):
+    settings.CAPACITY_TASK_ID = 'host-a'
+    user = make_user()
+    gates(user)
+    stamp = format(int(time.time()) - 3, 'x')
+    gate = CapacityGate(user, '$match', rows=25, semantic=False, reranker=True, queue='api_heavy',
+                        metadata={'algorithm_id': 'a' * 150, 'automatch_run_id': 'r' * 30},
+                        trace_id=f'Root=1-{stamp}-abcdef', request_source='automatch').acquire()
+    record = gate.record()
+    gate.release()
+    assert record['queue_ms'] >= 3000
+    del record['queue_ms']
+    assert record == {
+        'event': 'ocl_capacity', 'decision': 'shadow-refused', 'mode': 'shadow', 'enforced': False,
+        'endpoint': '$match', 'semantic': False, 'reranker': True, 'rows': 25, 'single_row': False,
+        'waits': None, 'tier': 'preview', 'user_id': user.pk, 'scope': 'user', 'full': ['user'],
+        'in_flight': 2, 'limit': 3, 'task_in_flight': None, 'task_limit': None, 'es2_knn_in_flight': None,
+        'es2_knn_limit': None, 'tier_in_flight': 2, 'tier_limit': 2, 'user_in_flight': 2, 'user_limit': 1,
+        'suggested': 1, 'retry_after': 5, 'error': None, 'host': 'host-a', 'request_source': 'automatch',
+        'algorithm_id': 'a' * 100, 'automatch_run_id': 'r' * 20, 'cid': None, 'task_id': gate.token}

@@ -1,0 +1,152 @@
+"""A call's leases after admission: renewal (all or nothing), the renewer thread, release, retake, and
+their fail-open behaviour. On both lane stores."""
+import threading
+import time
+from unittest import mock
+
+import pytest
+import redis
+
+from capacity import failopen
+from capacity.constants import Lane
+from capacity.keys import lane_key
+from capacity.lease import Lease, LeaseRenewer
+from capacity.store import RedisLanes
+
+pytestmark = pytest.mark.usefixtures('lanes')
+
+
+def held_lease(client, lanes=(Lane.API_HEAVY, Lane.USER), token='tok', lease_ms=60_000):
+    keys = [lane_key(lane) for lane in lanes]
+    RedisLanes.acquire(keys, [9] * len(keys), token, lease_ms, force=False)
+    return Lease(keys, token, lease_ms)
+
+
+def now_ms(client):
+    seconds, micros = client.time()
+    return seconds * 1000 + micros // 1000
+
+
+def test_renewal_extends_every_lease_or_none(lanes):
+    lease = held_lease(lanes, lease_ms=5_000)
+    assert all(lanes.zscore(key, 'tok') < now_ms(lanes) + 6_000 for key in lease.keys)
+    lease.lease_ms = 60_000
+    assert lease.renew()
+    assert all(lanes.zscore(key, 'tok') > now_ms(lanes) + 30_000 for key in lease.keys)
+
+    expired, alive = lease.keys
+    lanes.zadd(expired, {'tok': 1000})
+    before = lanes.zscore(alive, 'tok')
+    assert not lease.renew()
+    assert lease.lease_lost
+    assert lanes.zscore(expired, 'tok') == 1000  # never revived
+    assert lanes.zscore(alive, 'tok') == before  # nor renewed alone
+
+
+def test_a_deleted_lane_is_not_re_added(lanes):
+    lease = held_lease(lanes)
+    lanes.delete(lease.keys[0])
+    assert not lease.renew()
+    assert lanes.exists(lease.keys[0]) == 0
+
+
+def test_a_redelivered_call_takes_its_leases_again(lanes):
+    lease = held_lease(lanes)
+    for key in lease.keys:
+        lanes.zadd(key, {'tok': 1000})
+    assert not lease.renew()
+    assert lease.retake([1, 1])  # forced: it was admitted once, whatever the counts now
+    assert not lease.lease_lost
+    assert all(lanes.zscore(key, 'tok') > now_ms(lanes) for key in lease.keys)
+
+
+def test_release_removes_only_this_calls_leases(lanes):
+    lease = held_lease(lanes)
+    other = held_lease(lanes, token='other')
+    lease.release()
+    lease.release()
+    assert [lanes.zrange(key, 0, -1) for key in lease.keys] == [[b'other'], [b'other']]
+    other.release()
+
+
+def test_drop_releases_one_lane_and_keeps_the_rest(lanes):
+    lease = held_lease(lanes, lanes=(Lane.API_HEAVY, Lane.USER))
+    lease.drop([lease.keys[1]])
+    assert lanes.zcard(lane_key(Lane.USER)) == 0 and lease.keys == [lane_key(Lane.API_HEAVY)]
+    assert lease.renew()
+
+
+def test_the_renewer_thread_renews_until_stopped(lanes):
+    lease = held_lease(lanes)
+    renewer = LeaseRenewer(lease, interval=0.02, max_hold=60)
+    with mock.patch.object(lease, 'renew', wraps=lease.renew) as renew:
+        renewer.start()
+        time.sleep(0.2)
+        renewer.stop()
+        renewer.join(1)
+    assert not renewer.is_alive() and renew.call_count >= 3
+
+
+def test_the_renewer_stops_at_max_hold(lanes):
+    lease = held_lease(lanes)
+    renewer = LeaseRenewer(lease, interval=0.01, max_hold=0)
+    with mock.patch.object(lease, 'renew') as renew:
+        renewer.start()
+        renewer.join(1)
+    assert not renewer.is_alive() and renew.call_count == 0
+
+
+def test_the_renewer_stops_once_a_lease_is_lost(lanes):
+    lease = held_lease(lanes)
+    lanes.zadd(lease.keys[0], {'tok': 1000})
+    renewer = LeaseRenewer(lease, interval=0.01, max_hold=60)
+    with mock.patch.object(lease, 'renew', wraps=lease.renew) as renew:
+        renewer.start()
+        renewer.join(1)
+    assert not renewer.is_alive() and renew.call_count == 1 and lease.lease_lost
+
+
+def test_a_failed_release_or_renewal_is_recorded_not_raised(lanes):
+    lease = held_lease(lanes)
+    with mock.patch.object(RedisLanes, 'renew', side_effect=redis.TimeoutError('slow')):
+        assert not lease.renew()
+    assert lease.error == 'TimeoutError: slow' and not RedisLanes.is_available()
+    RedisLanes.unavailable_until = 0
+    with mock.patch.object(RedisLanes, 'release', side_effect=redis.ConnectionError('gone')):
+        lease.release()
+    assert lease.error == 'ConnectionError: gone' and not RedisLanes.is_available()
+
+
+def test_renewal_and_release_skip_redis_after_it_failed(lanes):
+    lease = held_lease(lanes)
+    RedisLanes.mark_unavailable()
+    with mock.patch.object(RedisLanes, 'renew') as renew, mock.patch.object(RedisLanes, 'release') as release:
+        assert not lease.renew()
+        lease.release()
+    renew.assert_not_called()
+    release.assert_not_called()
+    assert lease.error == failopen.RELEASE_SKIPPED
+    RedisLanes.unavailable_until = 0
+    assert lanes.zcard(lease.keys[0]) == 1  # left to expire
+
+
+def test_one_redis_error_cant_cost_a_call_two_renewals(settings):
+    from capacity.constants import DEFAULTS
+    assert settings.CAPACITY_REDIS_RETRY_SECONDS < DEFAULTS['lease_seconds'] - 2 * DEFAULTS['renew_seconds']
+
+
+def test_a_renewal_after_release_changes_nothing(lanes):
+    lease = held_lease(lanes)
+    lease.release()
+    assert not lease.renew()
+    assert all(lanes.zcard(key) == 0 for key in lease.keys)
+
+
+def test_renewals_from_many_threads_keep_one_lease_each(lanes):
+    lease = held_lease(lanes)
+    threads = [threading.Thread(target=lease.renew) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(lanes.zcard(key) == 1 for key in lease.keys)
