@@ -1,10 +1,15 @@
-"""Root URLs: the public HTTP contract of docs/api.md."""
+"""Root URLs: the public HTTP contract (docs/api.md, and the OpenAPI schema at /schema/)."""
 from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView
 
 from api import views
 
 urlpatterns = [
     path('healthz', views.HealthView.as_view(), name='healthz'),
+    path('concepts/$match/', views.MatchView.as_view(), name='concepts-match'),
+    path('concepts/$rerank/', views.RerankView.as_view(), name='concepts-rerank'),
+    path('tasks/<str:call_id>/', views.TaskView.as_view(), name='task'),
     path('capacity/', include('capacity.urls')),
+    path('schema/', SpectacularAPIView.as_view(), name='schema'),
     path('', include('concepts.urls')),
 ]

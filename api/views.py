@@ -1,7 +1,27 @@
-"""Health and small service views."""
-from rest_framework.permissions import AllowAny
+"""The HTTP layer: heavy-call views, task handles, health. Views validate, call a service, and render.
+
+Order inside a heavy call: authentication, permissions, body validation, the capacity gate, then the DRF
+rate throttles, then usage metering and the queue (workers.submission). A capacity refusal therefore costs
+no throttle allowance and no metered usage.
+"""
+from django.db import connection
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.response import Response
+from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
+
+from api import errors, prefer
+from capacity.caller import parse_event_metadata
+from capacity.config import get_config
+from capacity.constants import MATCH, RERANK
+from workers import submission
+from workers.models import FINAL_STATES, HeavyCall, State
+
+TRUTHY = ('true', '1', 'yes', 'on')
+MAX_POLL_SECONDS = 30
 
 
 class HealthView(APIView):
@@ -10,8 +30,213 @@ class HealthView(APIView):
     authentication_classes = ()
     permission_classes = (AllowAny,)
 
+    @extend_schema(responses={200: inline_serializer('Health', {'status': serializers.CharField()})})
     def get(self, request):
-        from django.db import connection
         with connection.cursor() as cursor:
             cursor.execute('SELECT 1')
         return Response({'status': 'ok'})
+
+
+def task_url(call_id):
+    return f'/tasks/{call_id}/'
+
+
+def handle_body(call):
+    """The 202 body: a handle to poll."""
+    return {'id': call.pk, 'state': call.state, 'endpoint': call.endpoint, 'lane': call.lane,
+            'url': task_url(call.pk), 'created_at': call.created_at}
+
+
+def task_body(call):
+    """GET /tasks/<id>/: state, timings, position while queued, result or error once finished."""
+    body = {'id': call.pk, 'state': call.state, 'endpoint': call.endpoint, 'lane': call.lane,
+            'url': task_url(call.pk), 'created_at': call.created_at, 'started_at': call.started_at,
+            'finished_at': call.finished_at}
+    if call.state == State.QUEUED:
+        body['position'] = submission.position(call)
+    if call.state == State.SUCCEEDED:
+        body['result'] = submission.result_of(call)
+    if call.state in (State.FAILED, State.CANCELLED, State.EXPIRED):
+        body['error'] = call.error or {
+            State.CANCELLED: 'The call was cancelled.',
+            State.EXPIRED: 'The call waited in its queue past its deadline and was not run.',
+        }.get(call.state, 'The call failed.')
+    return body
+
+
+def poll_hint(call, position=None):
+    """Seconds a client should wait before polling again (Retry-After), or None once finished."""
+    if call.state in FINAL_STATES:
+        return None
+    if call.state == State.RUNNING:
+        return 1
+    return max(1, min(position or 1, 10))
+
+
+def task_response(call, status_code=status.HTTP_200_OK, headers=None):
+    body = task_body(call)
+    response = Response(body, status=status_code, headers=headers)
+    hint = poll_hint(call, body.get('position'))
+    if hint is not None:
+        response['Retry-After'] = str(hint)
+    return response
+
+
+HANDLE = inline_serializer('TaskHandle', {
+    'id': serializers.CharField(), 'state': serializers.CharField(), 'endpoint': serializers.CharField(),
+    'lane': serializers.CharField(), 'url': serializers.CharField(), 'created_at': serializers.DateTimeField()})
+TASK = inline_serializer('Task', {
+    'id': serializers.CharField(), 'state': serializers.ChoiceField(choices=State.values),
+    'endpoint': serializers.CharField(), 'lane': serializers.CharField(), 'url': serializers.CharField(),
+    'created_at': serializers.DateTimeField(), 'started_at': serializers.DateTimeField(allow_null=True),
+    'finished_at': serializers.DateTimeField(allow_null=True),
+    'position': serializers.IntegerField(required=False),
+    'result': serializers.JSONField(required=False), 'error': serializers.CharField(required=False)})
+REFUSAL = inline_serializer('CapacityRefusal', {
+    'detail': serializers.CharField(), 'error_code': serializers.CharField(), 'scope': serializers.CharField(),
+    'paused': serializers.BooleanField(), 'retry_after': serializers.IntegerField()})
+ERROR = inline_serializer('Error', {'detail': serializers.JSONField(), 'error_code': serializers.CharField()})
+HEAVY_RESPONSES = {
+    200: OpenApiResponse(TASK, description='Waited (Prefer: wait=N) and the call finished.'),
+    202: OpenApiResponse(HANDLE, description='Queued: poll the Location (/tasks/<id>/).'),
+    400: OpenApiResponse(ERROR, description='Invalid body; `detail` names the field.'),
+    422: OpenApiResponse(ERROR, description='Idempotency-Key reused with another payload.'),
+    429: OpenApiResponse(REFUSAL, description='Capacity refused (`capacity_exceeded`, Retry-After) or rate '
+                                              'limited (`rate_limited`).'),
+    503: OpenApiResponse(ERROR, description='The work queue is unavailable; nothing was submitted.'),
+}
+HEAVY_PARAMETERS = [
+    OpenApiParameter('Idempotency-Key', OpenApiTypes.STR, OpenApiParameter.HEADER,
+                     description='Same key and payload return the same task handle.'),
+    OpenApiParameter('Prefer', OpenApiTypes.STR, OpenApiParameter.HEADER,
+                     description='`respond-async` or `wait=N` (seconds, capped by config).'),
+    OpenApiParameter('X-OCL-Event-Metadata', OpenApiTypes.STR, OpenApiParameter.HEADER,
+                     description='JSON object; `"capacity_aware": "true"` opts in to enforced 429s.'),
+]
+
+
+class HeavyCallView(APIView):
+    """A heavy call: validated, gated, throttled, metered, queued; answered 202, 200 (waited) or 429."""
+
+    permission_classes = (IsAuthenticated,)
+    throttle_scope = 'heavy'
+    endpoint = None
+
+    def get_throttles(self):
+        # DRF checks these in initial(), before the view; heavy calls check them after the gate instead.
+        return []
+
+    def check_rate_limits(self):
+        for throttle in (ScopedRateThrottle(),):
+            if not throttle.allow_request(self.request, self):
+                self.throttled(self.request, throttle.wait())
+
+    def flags(self, request):
+        return False, False
+
+    def submit(self, request, body, semantic, reranker):
+        config = get_config()
+        metadata = parse_event_metadata(request.META.get('HTTP_X_OCL_EVENT_METADATA'))
+        aware = str(metadata.get('capacity_aware')).lower() in ('true', '1')
+        wait = prefer.wait_seconds(request.headers.get('Prefer'), config['wait']['default_seconds'],
+                                   config['wait']['max_seconds'], capacity_aware=aware)
+        key = request.headers.get('Idempotency-Key') or None
+        if key is not None and len(key) > 255:
+            raise errors.exceptions.ValidationError({'Idempotency-Key': ['At most 255 characters.']})
+        try:
+            outcome = submission.submit(request, self.endpoint, body, semantic=semantic, reranker=reranker,
+                                        idempotency_key=key, wait_seconds=wait, admit=self.check_rate_limits)
+        except submission.IdempotencyConflict as ex:
+            raise errors.Unprocessable(str(ex)) from ex
+        except submission.BrokerUnavailable as ex:
+            raise errors.ServiceUnavailable(str(ex)) from ex
+        self.capacity_gate = outcome.gate
+        if outcome.refused:
+            return Response(outcome.gate.refusal_body(), status=status.HTTP_429_TOO_MANY_REQUESTS)
+        call = outcome.call
+        if wait and not outcome.replayed and submission.wait(call, wait, gate=outcome.gate):
+            return task_response(call)
+        return Response(handle_body(call), status=status.HTTP_202_ACCEPTED,
+                        headers={'Location': task_url(call.pk)})
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        response = super().finalize_response(request, response, *args, **kwargs)
+        gate = getattr(self, 'capacity_gate', None)
+        if gate is not None:
+            gate.apply_headers(response)
+        return response
+
+
+class MatchView(HeavyCallView):
+    """POST /concepts/$match/: lexical runs in the request (200); semantic or reranked is a heavy call."""
+
+    endpoint = MATCH
+
+    @extend_schema(
+        operation_id='concepts_match',
+        request=inline_serializer('MatchRequest', {
+            'rows': serializers.ListField(child=serializers.DictField()),
+            'target_repo_url': serializers.CharField(), 'limit': serializers.IntegerField(required=False)}),
+        parameters=[OpenApiParameter('semantic', OpenApiTypes.BOOL), OpenApiParameter('reranker', OpenApiTypes.BOOL),
+                    *HEAVY_PARAMETERS],
+        responses=HEAVY_RESPONSES)
+    def post(self, request):
+        from concepts import services as service
+        body = service.validate_match_body(request.data)
+        semantic = request.query_params.get('semantic', '').lower() in TRUTHY
+        reranker = request.query_params.get('reranker', '').lower() in TRUTHY
+        if not semantic and not reranker:
+            # Lexical without rerank is cheap: no gate, no queue, no capacity headers.
+            self.check_rate_limits()
+            return Response(service.run_match(body, semantic=False, reranker=False))
+        return self.submit(request, body, semantic, reranker)
+
+
+class RerankView(HeavyCallView):
+    """POST /concepts/$rerank/: rerank candidate rows for a query; always a heavy call."""
+
+    endpoint = RERANK
+
+    @extend_schema(
+        operation_id='concepts_rerank',
+        request=inline_serializer('RerankRequest', {
+            'q': serializers.CharField(), 'rows': serializers.ListField(child=serializers.DictField())}),
+        parameters=HEAVY_PARAMETERS, responses=HEAVY_RESPONSES)
+    def post(self, request):
+        from concepts import services as service
+        body = service.validate_rerank_body(request.data)
+        return self.submit(request, body, False, False)
+
+
+class TaskView(APIView):
+    """GET /tasks/<id>/ (optionally ?wait=N to long-poll) and DELETE to cancel. Owner and staff only."""
+
+    permission_classes = (IsAuthenticated,)
+
+    def get_call(self, request, call_id):
+        call = HeavyCall.objects.filter(pk=call_id).first()
+        # Anyone but the owner and staff gets the same 404 as for an id that doesn't exist.
+        if call is None or not (call.owner_id == request.user.pk or request.user.is_staff):
+            raise errors.exceptions.NotFound('No such task.')
+        return submission.expire_if_overdue(call)
+
+    @extend_schema(parameters=[OpenApiParameter('wait', OpenApiTypes.INT, description='Long-poll up to N s.')],
+                   responses={200: TASK, 404: ERROR})
+    def get(self, request, call_id):
+        call = self.get_call(request, call_id)
+        try:
+            wait = int(request.query_params.get('wait', 0))
+        except ValueError:
+            raise errors.exceptions.ValidationError({'wait': ['Must be a whole number of seconds.']}) from None
+        wait = max(0, min(wait, get_config()['wait']['max_seconds'], MAX_POLL_SECONDS))
+        if wait and not call.finished:
+            submission.wait(call, wait)
+            call.refresh_from_db()
+        return task_response(call)
+
+    @extend_schema(responses={200: TASK, 404: ERROR, 409: ERROR})
+    def delete(self, request, call_id):
+        call = self.get_call(request, call_id)
+        if not submission.cancel(call):
+            raise errors.Conflict(f'The task already ended ({call.state}).')
+        return task_response(call)

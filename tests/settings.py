@@ -7,6 +7,10 @@ import os
 import tempfile
 
 os.environ.setdefault('HEAVY_LANES_VAR_DIR', tempfile.mkdtemp(prefix='heavy-lanes-test-'))
+# Tests use their own Redis databases: 13 for lanes, notifications and pools (keys under per-test
+# prefixes), 14 for the Celery broker (flushed by the worker fixtures).
+os.environ.setdefault('REDIS_URL', os.environ.get('HEAVY_LANES_TEST_REDIS_URL', 'redis://127.0.0.1:6379/13'))
+os.environ.setdefault('CELERY_BROKER_URL', os.environ.get('HEAVY_LANES_TEST_BROKER_URL', 'redis://127.0.0.1:6379/14'))
 
 from api.settings import *  # noqa: E402,F401,F403
 
@@ -18,4 +22,9 @@ if os.environ.get('HEAVY_LANES_TEST_ON_POSTGRES') == '1':
         os.environ.get('HEAVY_LANES_TEST_DATABASE_URL', 'postgres://postgres@127.0.0.1:5432/test'))}
 
 CAPACITY_TASK_ID = 'test-host'
+# A file, not memory, so worker processes started by the tests open the same test database.
+DATABASES['default']['TEST'] = {'NAME': os.path.join(os.environ['HEAVY_LANES_VAR_DIR'], 'test-db.sqlite3')}
+if os.environ.get('HEAVY_LANES_WORKER_DB'):
+    DATABASES['default']['NAME'] = os.environ['HEAVY_LANES_WORKER_DB']
+CACHES = {'default': {'BACKEND': 'django.core.cache.backends.locmem.LocMemCache'}}
 PASSWORD_HASHERS = ['django.contrib.auth.hashers.MD5PasswordHasher']

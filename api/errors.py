@@ -1,0 +1,53 @@
+"""The API's error bodies: every error carries `detail` and an `error_code` clients can switch on.
+
+DRF's exception handler does the work; this adds `error_code` (and `retry_after` for a rate limit) so a
+rate-limit 429 (`rate_limited`) can be told from a capacity 429 (`capacity_exceeded`).
+"""
+from rest_framework import exceptions
+from rest_framework.views import exception_handler
+
+CODES = {
+    exceptions.Throttled: 'rate_limited',
+    exceptions.ValidationError: 'invalid',
+    exceptions.ParseError: 'malformed_request',
+    exceptions.NotAuthenticated: 'not_authenticated',
+    exceptions.AuthenticationFailed: 'authentication_failed',
+    exceptions.PermissionDenied: 'permission_denied',
+    exceptions.NotFound: 'not_found',
+    exceptions.MethodNotAllowed: 'method_not_allowed',
+    exceptions.UnsupportedMediaType: 'unsupported_media_type',
+}
+
+
+class Conflict(exceptions.APIException):
+    status_code = 409
+    default_detail = 'The request conflicts with the current state.'
+    default_code = 'conflict'
+
+
+class Unprocessable(exceptions.APIException):
+    status_code = 422
+    default_detail = 'The request can not be processed.'
+    default_code = 'idempotency_conflict'
+
+
+class ServiceUnavailable(exceptions.APIException):
+    status_code = 503
+    default_detail = 'The service is unavailable; please retry shortly.'
+    default_code = 'queue_unavailable'
+
+
+def handle(exc, context):
+    response = exception_handler(exc, context)
+    if response is None:
+        return None
+    data = response.data if isinstance(response.data, dict) and 'detail' in response.data else {
+        'detail': response.data}
+    code = next((code for kind, code in CODES.items() if isinstance(exc, kind)), None)
+    if code is None:
+        code = getattr(exc, 'default_code', 'error')
+    data['error_code'] = code
+    if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
+        data['retry_after'] = int(exc.wait + 0.999)
+    response.data = data
+    return response

@@ -1,0 +1,65 @@
+"""The record of every heavy call the API accepted: who, what, which lane, and where it is now.
+
+A row exists only for a call that reached its queue: the submission service creates it in the same
+transaction that publishes the message, so a failed publish leaves no row. The id is the Celery task id
+and the lease token (uuid4 hex: 122 random bits, so ids can't be guessed). The result itself is stored
+by the Celery result backend (django-celery-results' TaskResult, same id); this row holds the lifecycle.
+"""
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+
+class State(models.TextChoices):
+    QUEUED = 'queued'
+    RUNNING = 'running'
+    SUCCEEDED = 'succeeded'
+    FAILED = 'failed'
+    CANCELLED = 'cancelled'
+    EXPIRED = 'expired'
+
+
+FINAL_STATES = (State.SUCCEEDED, State.FAILED, State.CANCELLED, State.EXPIRED)
+OPEN_STATES = (State.QUEUED, State.RUNNING)
+
+
+class HeavyCall(models.Model):
+    id = models.CharField(primary_key=True, max_length=32, editable=False)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name='heavy_calls')
+    endpoint = models.CharField(max_length=16)
+    lane = models.CharField(max_length=32)  # the queue-backed lane, also the Celery queue name
+    semantic = models.BooleanField(default=False)
+    reranker = models.BooleanField(default=False)
+    rows = models.PositiveIntegerField(default=0)
+    priority = models.PositiveSmallIntegerField(default=9)  # lower runs first (Redis transport steps)
+    payload = models.JSONField()  # the validated request body
+    fingerprint = models.CharField(max_length=64)  # sha256 of the user-visible inputs
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
+    # What admission decided and which lanes the worker must renew and release (capacity.gate).
+    admission = models.JSONField(default=dict)
+    error = models.TextField(blank=True, default='')
+    attempts = models.PositiveSmallIntegerField(default=0)  # deliveries that started the work
+    worker = models.CharField(max_length=255, blank=True, default='')  # '<node> pid <pid>' of the last run
+    lease_lost = models.BooleanField(default=False)
+    limiter_error = models.CharField(max_length=300, blank=True, default='')  # a lease error met while running
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()  # the queue deadline: not started by then, it never runs
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    usage_charged = models.PositiveIntegerField(default=0)  # metered units charged for this call
+
+    class Meta:
+        db_table = 'heavy_calls'
+        constraints = [
+            models.UniqueConstraint(fields=['owner', 'idempotency_key'], name='heavy_call_idempotency',
+                                    condition=models.Q(idempotency_key__isnull=False)),
+        ]
+        indexes = [models.Index(fields=['lane', 'state', 'priority', 'created_at'], name='heavy_call_queue')]
+
+    def __str__(self):
+        return f'{self.endpoint} {self.id} {self.state}'
+
+    @property
+    def finished(self):
+        return self.state in FINAL_STATES

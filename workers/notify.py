@@ -1,0 +1,67 @@
+"""Tell a waiting API request that a call finished, through Redis pub/sub on the lanes' Redis.
+
+A waiter subscribes first, then reads the call's row, then waits for the message, so a call that finishes
+between the two is never missed. A lost message only costs the waiter its timeout: the row is the truth.
+"""
+import threading
+import time
+
+import redis
+from django.conf import settings
+
+_client = None
+_lock = threading.Lock()
+
+
+def get_client():
+    global _client
+    if _client is None:
+        with _lock:
+            if _client is None:
+                _client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=2)
+    return _client
+
+
+def channel(call_id):
+    # Not under the capacity key prefix: call ids are unique on their own, and every process agrees.
+    return f'heavy-lanes:done:{call_id}'
+
+
+def publish(call_id, state):
+    """Announce that a call reached `state`; never raises (the waiter falls back to its timeout)."""
+    try:
+        get_client().publish(channel(call_id), str(state))
+    except redis.RedisError:
+        pass
+
+
+def wait_for(call_id, is_finished, timeout):
+    """Wait up to `timeout` s until `is_finished()` is true; return its last value."""
+    if timeout <= 0:
+        return is_finished()
+    deadline = time.monotonic() + timeout
+    try:
+        pubsub = get_client().pubsub(ignore_subscribe_messages=True)
+        pubsub.subscribe(channel(call_id))
+    except redis.RedisError:
+        pubsub = None
+    try:
+        while True:
+            if is_finished():
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if pubsub is None:
+                time.sleep(min(left, 0.05))
+                continue
+            try:
+                pubsub.get_message(timeout=min(left, 1.0))
+            except redis.RedisError:
+                pubsub = None
+    finally:
+        if pubsub is not None:
+            try:
+                pubsub.close()
+            except redis.RedisError:
+                pass

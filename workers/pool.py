@@ -1,0 +1,168 @@
+"""Size each lane worker's pool from the capacity config, across every node that serves the lane.
+
+A lane's pool size (workers.lanes) is split over the live nodes consuming its queue so that the total
+equals it: nodes sorted by name, the first `size % n` get one more. Each node runs a PoolReconciler thread
+in its main process (started when the worker is ready) that, every WORKERS_RECONCILE_SECONDS:
+1. refreshes its heartbeat in the lane's node set (a sorted set scored by expiry, like the leases);
+2. computes its share from the config and the live nodes;
+3. when the share changed since it last applied one, resizes through Celery's own control commands
+   (pool_grow / pool_shrink, add_consumer / cancel_consumer) addressed to itself; a share of 0 (the lane
+   paused, or more nodes than slots) stops consuming the queue, so its calls wait and expire;
+4. publishes what it wants and what it has (share, pool processes, consuming) for /capacity/status/.
+A hand resize (Flower, `celery control pool_grow`) is left alone, and shows as drift, until the share
+changes again. Resizing needs the prefork pool: the threads pool can't grow or shrink.
+"""
+import json
+import logging
+import threading
+import time
+
+import redis
+from celery.signals import worker_ready, worker_shutdown
+from django.conf import settings
+
+from capacity.config import get_config
+from workers import lanes
+
+logger = logging.getLogger('heavy_lanes')
+HEARTBEAT_FACTOR = 3  # a node is live while it renewed its heartbeat within 3 reconcile intervals
+
+
+def nodes_key(queue):
+    return f'{settings.CAPACITY_KEY_PREFIX}:nodes:{queue}'
+
+
+def pool_key(queue):
+    return f'{settings.CAPACITY_KEY_PREFIX}:pool:{queue}'
+
+
+def share_of(total, nodes, me):
+    """This node's part of `total` pool slots split over `nodes` (which include `me`)."""
+    ordered = sorted(nodes)
+    if me not in ordered:
+        return 0
+    base, extra = divmod(total, len(ordered))
+    return base + (1 if ordered.index(me) < extra else 0)
+
+
+def live_nodes(client, queue, me, ttl_seconds):
+    """Refresh `me`'s heartbeat for `queue` and return the nodes whose heartbeat hasn't expired."""
+    now = time.time()
+    key = nodes_key(queue)
+    pipe = client.pipeline()
+    pipe.zremrangebyscore(key, '-inf', now)
+    pipe.zadd(key, {me: now + ttl_seconds})
+    pipe.expire(key, int(ttl_seconds * 2) + 1)
+    pipe.zrange(key, 0, -1)
+    return [node.decode() if isinstance(node, bytes) else node for node in pipe.execute()[-1]]
+
+
+def read_pools(client, queue):
+    """{node: {share, processes, consuming, configured, updated}} as the lane's nodes last published."""
+    raw = client.hgetall(pool_key(queue))
+    now = time.time()
+    pools = {}
+    live = {n.decode() if isinstance(n, bytes) else n for n in client.zrangebyscore(nodes_key(queue), now, '+inf')}
+    for node, value in raw.items():
+        node = node.decode() if isinstance(node, bytes) else node
+        if node in live:
+            pools[node] = json.loads(value)
+    return pools
+
+
+class PoolReconciler(threading.Thread):
+    def __init__(self, app, consumer, hostname, queues, interval=None, client=None):
+        super().__init__(name='heavy-lanes-pool', daemon=True)
+        self.app = app
+        self.consumer = consumer
+        self.hostname = hostname
+        self.queues = [queue for queue in queues if queue in lanes.LANES]
+        self.interval = interval or settings.WORKERS_RECONCILE_SECONDS
+        self.client = client or redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=2)
+        self.applied = {}  # queue -> the share last applied
+        self.stopped = threading.Event()
+
+    def run(self):
+        while not self.stopped.is_set():
+            try:
+                self.reconcile()
+            except Exception:  # noqa: BLE001 - keep reconciling; the next tick may work
+                logger.exception('Pool reconcile failed on %s', self.hostname)
+            self.stopped.wait(self.interval)
+
+    def stop(self):
+        self.stopped.set()
+        for queue in self.queues:
+            try:
+                self.client.zrem(nodes_key(queue), self.hostname)
+                self.client.hdel(pool_key(queue), self.hostname)
+            except redis.RedisError:
+                pass
+
+    def processes(self):
+        return self.consumer.pool.num_processes
+
+    def consuming(self, queue):
+        task_consumer = getattr(self.consumer, 'task_consumer', None)
+        return bool(task_consumer and task_consumer.consuming_from(queue))
+
+    def reconcile(self):
+        config = get_config()
+        for queue in self.queues:
+            nodes = live_nodes(self.client, queue, self.hostname, self.interval * HEARTBEAT_FACTOR)
+            share = share_of(lanes.get_lane(queue).pool_size(config), nodes, self.hostname)
+            if self.applied.get(queue) != share:
+                self.apply(queue, share)
+                self.applied[queue] = share
+            self.publish(queue, share, config)
+
+    def apply(self, queue, share):
+        control = self.app.control
+        destination = [self.hostname]
+        if share == 0:
+            if self.consuming(queue):
+                control.cancel_consumer(queue, destination=destination, reply=True, timeout=5)
+            logger.info('Lane %s paused on %s (share 0)', queue, self.hostname)
+            return
+        if not self.consuming(queue):
+            control.add_consumer(queue, destination=destination, reply=True, timeout=5)
+        current = self.processes()
+        if share > current:
+            control.pool_grow(share - current, destination=destination, reply=True, timeout=5)
+        elif share < current:
+            control.pool_shrink(current - share, destination=destination, reply=True, timeout=5)
+        logger.info('Lane %s on %s sized %s -> %s', queue, self.hostname, current, share)
+
+    def publish(self, queue, share, config):
+        self.client.hset(pool_key(queue), self.hostname, json.dumps({
+            'share': share,
+            'configured': lanes.get_lane(queue).pool_size(config),
+            'processes': self.processes(),
+            'consuming': self.consuming(queue),
+            'updated': time.time(),
+        }))
+        self.client.expire(pool_key(queue), int(self.interval * HEARTBEAT_FACTOR * 2) + 1)
+
+
+_reconciler = None
+
+
+@worker_ready.connect
+def start_reconciler(sender=None, **kwargs):
+    """Start sizing this node's lane pools once the worker consumes (prefork workers only)."""
+    global _reconciler
+    consumer = sender
+    queues = list(consumer.app.amqp.queues.consume_from or {})
+    if not any(queue in lanes.LANES for queue in queues):
+        return
+    if type(consumer.pool).__module__ != 'celery.concurrency.prefork':
+        logger.warning('Lane pools are sized only on the prefork pool; %s is left as started', consumer.hostname)
+        return
+    _reconciler = PoolReconciler(consumer.app, consumer, consumer.hostname, queues)
+    _reconciler.start()
+
+
+@worker_shutdown.connect
+def stop_reconciler(**kwargs):
+    if _reconciler is not None:
+        _reconciler.stop()

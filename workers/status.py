@@ -1,0 +1,75 @@
+"""Queue status for /capacity/status/ and /metrics: depth, oldest waiting call, and the lane's pools.
+
+Depth is read on the broker (LLEN of the queue's list and of each priority level's list, as the Redis
+transport stores them), so it counts messages no worker has taken yet. The oldest waiting age comes from
+the calls' rows. Pools are what each live lane node last published (workers.pool). No Celery import here.
+"""
+import threading
+import time
+
+import redis
+from django.conf import settings
+from django.db.models import Min
+from django.utils import timezone
+
+from workers import lanes
+from workers.models import HeavyCall, State
+from workers.pool import read_pools
+
+PRIORITY_SEPARATOR = '\x06\x16'  # kombu's Redis transport: '<queue>\x06\x16<level>' for levels above 0
+_clients = {}
+_lock = threading.Lock()
+
+
+def client_for(url):
+    with _lock:
+        if url not in _clients:
+            _clients[url] = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        return _clients[url]
+
+
+def priority_lists(queue):
+    steps = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get('priority_steps', [0, 3, 6, 9])
+    return [queue if step == 0 else f'{queue}{PRIORITY_SEPARATOR}{step}' for step in steps]
+
+
+def depth(queue):
+    broker = client_for(settings.CELERY_BROKER_URL)
+    pipe = broker.pipeline(transaction=False)
+    for name in priority_lists(queue):
+        pipe.llen(name)
+    return sum(pipe.execute())
+
+
+def oldest_waiting(now=None):
+    """{queue: seconds the oldest queued call has waited}."""
+    now = now or timezone.now()
+    rows = HeavyCall.objects.filter(state=State.QUEUED).values('lane').annotate(oldest=Min('created_at'))
+    return {row['lane']: round((now - row['oldest']).total_seconds(), 3) for row in rows}
+
+
+def get_queues(config):
+    ages = oldest_waiting()
+    queues = {}
+    for name, lane in lanes.LANES.items():
+        entry = {'carries': (lane.__doc__ or '').strip().splitlines()[0], 'sized_by': lane.SIZED_BY,
+                 'configured_pool': lane.pool_size(config), 'oldest_waiting_seconds': ages.get(name, 0.0)}
+        try:
+            entry['depth'] = depth(name)
+        except redis.RedisError as ex:
+            entry['depth'], entry['broker'] = None, f'{type(ex).__name__}: {ex}'[:300]
+        try:
+            pools = read_pools(client_for(settings.REDIS_URL), name)
+        except redis.RedisError as ex:
+            pools, entry['workers_error'] = {}, f'{type(ex).__name__}: {ex}'[:300]
+        entry['workers'] = {node: {'processes': pool['processes'], 'share': pool['share'],
+                                   'consuming': pool['consuming'],
+                                   'drift': pool['processes'] - pool['share'] if pool['consuming'] else 0,
+                                   'seen_seconds_ago': round(time.time() - pool['updated'], 1)}
+                            for node, pool in sorted(pools.items())}
+        consuming = [pool for pool in pools.values() if pool['consuming']]
+        entry['consumers'] = len(consuming)
+        entry['pool'] = sum(pool['processes'] for pool in consuming)
+        entry['drift'] = entry['pool'] - entry['configured_pool'] if pools else None
+        queues[name] = entry
+    return queues
