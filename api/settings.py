@@ -61,6 +61,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    'api.middleware.RequestSizeLimit',
     'corsheaders.middleware.CorsMiddleware',
     'django.middleware.security.SecurityMiddleware',
     'django.contrib.sessions.middleware.SessionMiddleware',
@@ -69,6 +70,10 @@ MIDDLEWARE = [
     'django.contrib.auth.middleware.AuthenticationMiddleware',
     'django.contrib.messages.middleware.MessageMiddleware',
 ]
+
+# Bodies larger than this get 413 before anything parses them (1000 rows of 1000 characters fit).
+MAX_REQUEST_BYTES = env_int('MAX_REQUEST_BYTES', 2 * 1024 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
 
 ROOT_URLCONF = 'api.urls'
 WSGI_APPLICATION = 'api.wsgi.application'
@@ -163,6 +168,9 @@ CAPACITY_REDIS_DEADLINE_SECONDS = env_float('CAPACITY_REDIS_DEADLINE_SECONDS', 1
 CAPACITY_TASK_ID = os.environ.get('CAPACITY_TASK_ID', '') or socket.gethostname()
 CAPACITY_KEY_PREFIX = os.environ.get('CAPACITY_KEY_PREFIX', 'ocl:capacity')
 
+# /metrics is open unless this is set; then scrapers send `Authorization: Bearer <METRICS_TOKEN>`.
+METRICS_TOKEN = os.environ.get('METRICS_TOKEN', '')
+
 CORS_ALLOW_ALL_ORIGINS = env_bool('CORS_ALLOW_ALL_ORIGINS', default=not PRODUCTION)
 CORS_ALLOWED_ORIGINS = env_list('CORS_ALLOWED_ORIGINS')
 CORS_EXPOSE_HEADERS = [
@@ -214,5 +222,32 @@ CELERY_TASK_PUBLISH_RETRY_POLICY = {'max_retries': 1, 'interval_start': 0, 'inte
 CELERY_WORKER_SEND_TASK_EVENTS = True
 CELERY_TASK_SEND_SENT_EVENT = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# The per-call JSON lines go to stdout as they are (one JSON object a line), not wrapped in log records.
+CELERY_WORKER_REDIRECT_STDOUTS = False
 # How often a lane worker re-reads the config to resize its pool (the config cache refresh).
 WORKERS_RECONCILE_SECONDS = env_float('WORKERS_RECONCILE_SECONDS', CAPACITY_CONFIG_CACHE_SECONDS)
+
+
+def production_problems():
+    """What makes these settings unsafe to serve production with (HEAVY_LANES_PRODUCTION=true)."""
+    problems = []
+    if DEBUG:
+        problems.append('DEBUG is on')
+    if not SECRET_KEY or SECRET_KEY.startswith('dev-only'):
+        problems.append('SECRET_KEY is not set')
+    if not ALLOWED_HOSTS or '*' in ALLOWED_HOSTS:
+        problems.append('ALLOWED_HOSTS must name the hosts')
+    if CORS_ALLOW_ALL_ORIGINS:
+        problems.append('CORS_ALLOW_ALL_ORIGINS is on')
+    if env_bool('FLOWER_UNAUTHENTICATED_API'):
+        problems.append('FLOWER_UNAUTHENTICATED_API opens Flower\'s API to anyone')
+    if DATABASES['default']['ENGINE'] == 'django.db.backends.sqlite3':
+        problems.append('the database is the embedded SQLite (set DATABASE_URL)')
+    return problems
+
+
+if PRODUCTION and production_problems():
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured('Refusing to start with HEAVY_LANES_PRODUCTION=true: '
+                               + '; '.join(production_problems()) + '.')

@@ -6,6 +6,7 @@ from api import views
 
 urlpatterns = [
     path('healthz', views.HealthView.as_view(), name='healthz'),
+    path('metrics', views.MetricsView.as_view(), name='metrics'),
     path('concepts/$match/', views.MatchView.as_view(), name='concepts-match'),
     path('concepts/$rerank/', views.RerankView.as_view(), name='concepts-rerank'),
     path('tasks/<str:call_id>/', views.TaskView.as_view(), name='task'),

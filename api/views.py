@@ -240,3 +240,24 @@ class TaskView(APIView):
         if not submission.cancel(call):
             raise errors.Conflict(f'The task already ended ({call.state}).')
         return task_response(call)
+
+
+class MetricsView(APIView):
+    """GET /metrics: Prometheus text. Open unless METRICS_TOKEN is set (then `Authorization: Bearer <it>`)."""
+
+    authentication_classes = ()
+    permission_classes = (AllowAny,)
+
+    @extend_schema(responses={(200, 'text/plain'): OpenApiTypes.STR})
+    def get(self, request):
+        from django.conf import settings
+        from django.http import HttpResponse
+        from django.utils.crypto import constant_time_compare
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        from api.metrics import render
+        token = settings.METRICS_TOKEN
+        if token and not constant_time_compare(request.headers.get('Authorization', ''), f'Bearer {token}'):
+            return HttpResponse('Send Authorization: Bearer <METRICS_TOKEN>.\n', status=401,
+                                content_type='text/plain')
+        return HttpResponse(render(), content_type=CONTENT_TYPE_LATEST)

@@ -9,7 +9,7 @@ Nothing here raises: errors go through capacity.failopen.
 import threading
 import time
 
-from capacity import failopen
+from capacity import counters, failopen
 from capacity.store import RedisLanes
 
 
@@ -35,10 +35,12 @@ class Lease:
         except Exception as ex:  # noqa: BLE001 - fail open: the call runs on uncounted
             self.renewals_failed += 1
             failopen.record(self, ex, 'renewal')
+            counters.increment(('renewal_failed',))
             return False
         if held < len(self.keys):
             self.lease_lost = True
             self.renewals_failed += 1
+            counters.increment(('renewal_failed',))
             return False
         return True
 

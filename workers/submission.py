@@ -19,6 +19,7 @@ from datetime import timedelta
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from capacity import counters
 from capacity.caller import get_tier
 from capacity.config import get_config
 from capacity.constants import TIERS
@@ -91,6 +92,7 @@ def submit(request, endpoint, body, semantic=False, reranker=False, idempotency_
     call_id = uuid.uuid4().hex
     gate = CapacityGate.for_request(request, endpoint=endpoint, rows=rows, semantic=semantic, reranker=reranker,
                                     waits=wait_seconds > 0, queue=queue, token=call_id).acquire()
+    counters.record_decision(gate, queue)
     if gate.refused:
         record = gate.record()
         if record:
