@@ -7,7 +7,7 @@ import os
 
 import django
 from celery import Celery
-from kombu import Queue
+from kombu import Exchange, Queue
 
 os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'api.settings')
 django.setup()
@@ -16,7 +16,8 @@ from workers.lanes import LANES  # noqa: E402
 
 app = Celery('heavy_lanes')
 app.config_from_object('django.conf:settings', namespace='CELERY')
-app.conf.task_queues = [Queue(name) for name in LANES]
+# Each lane's queue has its own exchange and routing key, so nothing published by key reaches another lane.
+app.conf.task_queues = [Queue(name, Exchange(name), routing_key=name) for name in LANES]
 app.conf.task_default_queue = next(iter(LANES))
 app.conf.task_create_missing_queues = False
 
