@@ -1,0 +1,199 @@
+"""`python -m api.run` (what `make run` starts), end to end in a private VAR_DIR on free ports.
+
+One test, two starts, because the second start is the point: the first creates the database, loads HPO and
+mints tokens with its own redis-server (when installed); the second reuses all of that with the embedded
+Redis. Each start must serve the API and Flower (behind its basic auth), and each Ctrl-C must leave no
+process of any group the launcher started. Every process group seen is SIGKILLed at teardown, pass or fail.
+"""
+import base64
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+
+ROOT = Path(__file__).resolve().parents[3]
+READY_MARK = 'Heavy Lanes is running'
+# The test process has these from tests/settings.py or pytest-django; the launcher must pick its own.
+INHERITED = ('REDIS_URL', 'CELERY_BROKER_URL', 'DJANGO_SETTINGS_MODULE', 'HEAVY_LANES_WORKER_DB',
+             'FLOWER_BASIC_AUTH', 'FLOWER_UNAUTHENTICATED_API', 'HEAVY_LANES_RUN_REDIS', 'PORT',
+             'FLOWER_PORT')
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
+def get(url, headers=None):
+    """(status, body) of a GET."""
+    try:
+        request = urllib.request.Request(url, headers=headers or {})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as ex:
+        return ex.code, b''
+
+
+def live_members(pgids):
+    """Pids of live (not zombie) processes in any of the process groups `pgids`."""
+    members = []
+    for entry in os.listdir('/proc'):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f'/proc/{entry}/stat') as handle:
+                fields = handle.read().rsplit(')', 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] not in ('Z', 'X') and int(fields[2]) in pgids:
+            members.append(int(entry))
+    return members
+
+
+class Launch:
+    """One `python -m api.run`, its output in a file, and every process group it reported in run.json."""
+
+    def __init__(self, var_dir, out_path, **env):
+        self.var_dir = var_dir
+        self.out_path = out_path
+        self.port = free_port()
+        self.flower_port = free_port()
+        self.env = {key: value for key, value in os.environ.items()
+                    if key not in INHERITED and not key.startswith('HEAVY_LANES_TEST')}
+        self.env.update(HEAVY_LANES_VAR_DIR=str(var_dir), PORT=str(self.port),
+                        FLOWER_PORT=str(self.flower_port), WEB_CONCURRENCY='2', **env)
+        self.process = None
+        self.pgids = set()
+
+    def start(self):
+        self.started = time.monotonic()
+        with open(self.out_path, 'wb') as out:
+            self.process = subprocess.Popen([sys.executable, '-m', 'api.run'], cwd=ROOT, env=self.env,
+                                            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        self.pgids.add(self.process.pid)
+        return self
+
+    def output(self):
+        return self.out_path.read_text(errors='replace')
+
+    def collect_pgids(self):
+        try:
+            run = json.loads((self.var_dir / 'run.json').read_text())
+        except (OSError, ValueError):
+            return
+        self.pgids.update(child['pgid'] for child in run['children'].values())
+
+    def wait_ready(self, timeout=45):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.collect_pgids()
+            if READY_MARK in self.output():
+                self.ready_seconds = time.monotonic() - self.started
+                self.collect_pgids()
+                return self
+            if self.process.poll() is not None:
+                pytest.fail(f'the launcher exited ({self.process.returncode}) before it was ready:\n'
+                            f'{self.output()}')
+            time.sleep(0.1)
+        pytest.fail(f'not ready in {timeout} s:\n{self.output()}')
+
+    def interrupt(self, timeout=30):
+        """Ctrl-C: SIGINT to the launcher alone (its children are in groups of their own)."""
+        self.collect_pgids()
+        self.process.send_signal(signal.SIGINT)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f'the launcher did not stop within {timeout} s:\n{self.output()}')
+
+    def kill_everything(self):
+        if self.process is None:
+            return
+        self.collect_pgids()
+        for pgid in self.pgids:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(10)
+
+
+@pytest.fixture
+def launches():
+    started = []
+    yield started
+    for launch in started:
+        launch.kill_everything()
+
+
+def check_serving(launch):
+    """The API answers with the demo tokens, the HPO source is loaded, Flower wants its credentials."""
+    tokens = json.loads((launch.var_dir / 'demo-tokens.json').read_text())
+    by_user = {row['username']: row for row in tokens['tokens']}
+    assert {row['tier'] for row in tokens['tokens']} == {'staff', 'core', 'early_access', 'preview'}
+    assert tokens['staff_token'] == by_user['demo-staff']['token']
+    core = by_user['demo-core']['token']
+    assert core in launch.output()  # printed for the person at the terminal
+
+    api = f'http://127.0.0.1:{launch.port}'
+    assert get(f'{api}/healthz')[0] == 200
+    assert get(f'{api}/sources/')[0] == 401
+    status, body = get(f'{api}/sources/', {'Authorization': f'Token {core}'})
+    assert status == 200
+    hpo = {source['url']: source for source in json.loads(body)}['/orgs/HPO/sources/HPO/']
+    assert hpo['concept_count'] > 10000
+    assert '--source /orgs/HPO/sources/HPO/' in launch.output()
+
+    credentials = json.loads((launch.var_dir / 'flower-credentials.json').read_text())
+    basic = base64.b64encode(f'{credentials["username"]}:{credentials["password"]}'.encode()).decode()
+    flower = f'http://127.0.0.1:{launch.flower_port}/api/workers'
+    assert get(flower)[0] == 401
+    assert get(flower, {'Authorization': f'Basic {basic}'})[0] == 200
+    return tokens
+
+
+def check_stopped(launch, code):
+    assert code == 0, launch.output()
+    assert 'Stopped everything' in launch.output()
+    assert launch.pgids - {launch.process.pid}, 'no child process groups were seen'
+    assert live_members(launch.pgids) == [], launch.output()
+    assert not (launch.var_dir / 'run.json').exists()
+
+
+def test_a_second_start_reuses_the_database_and_ctrl_c_leaves_nothing_running(tmp_path, launches):
+    var_dir = tmp_path / 'var'
+
+    first = Launch(var_dir, tmp_path / 'first.out')
+    launches.append(first)
+    first.start().wait_ready()
+    first_tokens = check_serving(first)
+    check_stopped(first, first.interrupt())
+
+    second = Launch(var_dir, tmp_path / 'second.out', HEAVY_LANES_RUN_REDIS='embedded')
+    launches.append(second)
+    second.start().wait_ready()
+    assert 'embedded fakeredis' in second.output()
+    assert check_serving(second) == first_tokens  # the same users and tokens, not new ones
+    setup_log = (var_dir / 'log' / 'setup.log').read_text()
+    assert 'No migrations to apply' in setup_log
+    assert 'already up to date' in setup_log
+    prepared = float(re.search(r'Preparing the database.*\n\s+done in ([0-9.]+) s', second.output()).group(1))
+    assert prepared < 15, second.output()
+    check_stopped(second, second.interrupt())
+    print(f'first start ready in {first.ready_seconds:.1f} s, second in {second.ready_seconds:.1f} s '
+          f'(database steps {prepared:.1f} s)')
