@@ -1,0 +1,53 @@
+"""A Python client for the Heavy Lanes API, with a command line and a load generator (docs/client.md).
+
+    from heavy_lanes_client import Client, Run
+
+    with Client('http://127.0.0.1:8000', token='...') as client:
+        report = Run.match(client, ['chest pain', 'short of breath'], '/orgs/HPO/sources/HPO/',
+                           semantic=True, batch_size=25, max_concurrency=4).execute()
+    for outcome in report.outcomes:
+        print(outcome.name, outcome.status, outcome.top or outcome.reason)
+
+Modules: client (one HTTP conversation), run (batches, retries, concurrency, outcomes), errors (the error
+tree), models (the values), retry, concurrency, progress, summary, rows, load (the load generator), cli.
+Needs only the standard library and `requests`.
+"""
+from heavy_lanes_client.client import Client, error_for
+from heavy_lanes_client.errors import (
+    AuthError,
+    CapacityRefused,
+    ClientError,
+    GaveUp,
+    IdempotencyConflict,
+    InvalidRequest,
+    ProtocolError,
+    RateLimited,
+    Refused,
+    RequestRejected,
+    RunInterrupted,
+    ServerError,
+    TaskNotFound,
+    TransportError,
+)
+from heavy_lanes_client.models import (
+    Capacity,
+    Handle,
+    RowOutcome,
+    RowStatus,
+    RunReport,
+    Source,
+    State,
+    Summary,
+    Task,
+)
+from heavy_lanes_client.retry import RetryPolicy
+from heavy_lanes_client.run import MatchJob, PollPolicy, RerankJob, Run
+from heavy_lanes_client.summary import format_summary
+
+__all__ = [
+    'AuthError', 'Capacity', 'CapacityRefused', 'Client', 'ClientError', 'GaveUp', 'Handle',
+    'IdempotencyConflict', 'InvalidRequest', 'MatchJob', 'PollPolicy', 'ProtocolError', 'RateLimited',
+    'Refused', 'RequestRejected', 'RerankJob', 'RetryPolicy', 'RowOutcome', 'RowStatus', 'Run',
+    'RunInterrupted', 'RunReport', 'ServerError', 'Source', 'State', 'Summary', 'Task', 'TaskNotFound',
+    'TransportError', 'error_for', 'format_summary',
+]

@@ -1,0 +1,346 @@
+"""One HTTP conversation with the Heavy Lanes API: submit a heavy call, poll its task, cancel it.
+
+    with Client('http://127.0.0.1:8000', token='...') as client:
+        handle = client.submit_match(['chest pain'], source='/orgs/HPO/sources/HPO/', semantic=True)
+        task = client.wait(handle)          # polls with ?wait= (long-poll) and the Retry-After hints
+        client.cancel(handle)               # DELETE /tasks/<id>/
+
+Every method sends one request (wait() a series of polls) and raises from heavy_lanes_client.errors when
+the answer is not a success; retrying is the caller's choice (heavy_lanes_client.run does it). Every heavy
+call carries an Idempotency-Key (a new one unless given: pass the same key to retry the same call) and
+`X-OCL-Event-Metadata: {"capacity_aware": "true"}`, so an enforcing server answers 429 instead of making
+the call wait, and always answers 202 with a handle instead of holding the request.
+"""
+import json
+import random
+import time
+import uuid
+from urllib.parse import urljoin, urlsplit
+
+import requests
+from requests.adapters import HTTPAdapter
+
+from heavy_lanes_client import errors
+from heavy_lanes_client.models import (
+    MATCH,
+    RERANK,
+    Capacity,
+    Handle,
+    Source,
+    State,
+    Task,
+    retry_after_seconds,
+)
+
+USER_AGENT = 'heavy-lanes-client/0.1'
+REQUEST_SOURCE = 'heavy-lanes-client'
+CONNECT_TIMEOUT = 5.0   # seconds
+READ_TIMEOUT = 30.0     # seconds; a long poll adds its wait on top
+DEFAULT_LONG_POLL = 20  # seconds per GET /tasks/<id>/?wait=N (the server caps it)
+
+
+def _json_or_none(response):
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+def _describe_detail(detail):
+    """A 400 `detail` ({field: [messages]}) or any other detail as one line."""
+    if isinstance(detail, dict):
+        parts = []
+        for name, messages in detail.items():
+            if isinstance(messages, list):
+                messages = '; '.join(str(message) for message in messages)
+            parts.append(f'{name}: {messages}')
+        return ' | '.join(parts)
+    if isinstance(detail, list):
+        return '; '.join(str(item) for item in detail)
+    return '' if detail is None else str(detail)
+
+
+def error_for(response, not_found=errors.RequestRejected):
+    """The ClientError for a non-2xx answer: capacity refusal, rate limit, server error or rejection.
+
+    A 429 is a capacity refusal when its `error_code` is `capacity_exceeded` (or the decision header says
+    `refused`); any other 429 is a rate limit. `retry_after` comes from the Retry-After header, else the
+    body's `retry_after`.
+    """
+    status = response.status_code
+    body = _json_or_none(response)
+    body = body if isinstance(body, dict) else {}
+    code = body.get('error_code')
+    detail = body.get('detail', None if body else (response.text or '')[:300])
+    capacity = Capacity.from_headers(response.headers)
+    retry_after = retry_after_seconds(response.headers.get('Retry-After'))
+    if retry_after is None:
+        retry_after = retry_after_seconds(body.get('retry_after'))
+    text = _describe_detail(detail)
+    fields = dict(status=status, error_code=code, detail=detail, capacity=capacity, retry_after=retry_after)
+    if status == 429:
+        wait = f', Retry-After {retry_after:g} s' if retry_after is not None else ''
+        if code == 'capacity_exceeded' or (code is None and capacity.decision == 'refused'):
+            scope = body.get('scope')
+            paused = bool(body.get('paused'))
+            what = f'lane {scope} paused' if paused else f'lane {scope} full' if scope else 'lanes full'
+            return errors.CapacityRefused(f'capacity refused ({what}{wait})', scope=scope, paused=paused,
+                                          **fields)
+        return errors.RateLimited(f'rate limited (HTTP 429 {code or "too many requests"}{wait})', **fields)
+    message = f'HTTP {status}{" " + code if code else ""}: {text}'.rstrip(': ')
+    if 500 <= status < 600:
+        return errors.ServerError(f'server error ({message})', **fields)
+    if status == 400:
+        bad_fields = detail if isinstance(detail, dict) else {}
+        return errors.InvalidRequest(f'rejected ({message})', fields=bad_fields, **fields)
+    if status in (401, 403):
+        return errors.AuthError(f'not allowed ({message})', **fields)
+    if status == 422 and code in (None, 'idempotency_conflict'):
+        return errors.IdempotencyConflict(f'idempotency conflict ({message})', **fields)
+    if status == 404:
+        return not_found(f'not found ({message})', **fields)
+    if 400 <= status < 500:
+        return errors.RequestRejected(f'rejected ({message})', **fields)
+    return errors.ProtocolError(f'unexpected answer ({message})', **fields)
+
+
+def _rows(rows):
+    """Rows as the API takes them: a string becomes {"name": string}; a dict is sent as it is."""
+    out = []
+    for row in rows:
+        out.append({'name': row} if isinstance(row, str) else dict(row))
+    return out
+
+
+class Client:
+    """The Heavy Lanes API for one token. Thread-safe for concurrent calls (one pooled session).
+
+    `timeout` is (connect, read) in seconds. `capacity_aware=False` leaves out the capacity_aware flag
+    (an enforcing server with enforce_for=aware then never refuses this client).
+    """
+
+    def __init__(self, base_url, token, *, timeout=(CONNECT_TIMEOUT, READ_TIMEOUT), capacity_aware=True,
+                 pool_size=16, session=None, rng=None):
+        parts = urlsplit(base_url)
+        if parts.scheme not in ('http', 'https') or not parts.hostname:
+            raise ValueError(f'base_url must be an http(s) URL, got {base_url!r}')
+        self.base_url = base_url.rstrip('/') + '/'
+        self.token = token
+        self.timeout = timeout
+        self.capacity_aware = capacity_aware
+        self.rng = rng or random.Random()
+        self.session = session or requests.Session()
+        self._owns_session = session is None
+        if self._owns_session:
+            # No transport-level retries: a POST is retried only by the caller, with the same key.
+            adapter = HTTPAdapter(pool_connections=2, pool_maxsize=max(pool_size, 2), max_retries=0)
+            self.session.mount('http://', adapter)
+            self.session.mount('https://', adapter)
+        self.session.headers.update({
+            'Authorization': f'Token {token}',
+            'Accept': 'application/json',
+            'User-Agent': USER_AGENT,
+            'X-OCL-Request-Source': REQUEST_SOURCE,
+        })
+
+    def close(self):
+        if self._owns_session:
+            self.session.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # --- plumbing ------------------------------------------------------------------------------------
+
+    def url(self, path):
+        if path.startswith(('http://', 'https://')):
+            return path
+        return urljoin(self.base_url, path.lstrip('/'))
+
+    def request(self, method, path, *, read_timeout=None, **kwargs):
+        """One HTTP request; a missing answer is a TransportError. Returns the response, any status."""
+        connect, read = self.timeout
+        try:
+            return self.session.request(method, self.url(path), timeout=(connect, read_timeout or read),
+                                        **kwargs)
+        except requests.RequestException as ex:
+            raise errors.TransportError(f'no answer ({type(ex).__name__}: {ex})'[:300], cause=ex) from ex
+
+    def metadata_header(self, metadata=None):
+        values = {'capacity_aware': 'true'} if self.capacity_aware else {}
+        values.update(metadata or {})
+        return json.dumps(values, separators=(',', ':'))
+
+    # --- heavy calls ---------------------------------------------------------------------------------
+
+    def submit(self, endpoint, body, *, params=None, idempotency_key=None, metadata=None):
+        """POST one heavy call; a Handle on 202 (or 200), a ClientError otherwise. One attempt."""
+        key = idempotency_key or uuid.uuid4().hex
+        headers = {'Idempotency-Key': key, 'Prefer': 'respond-async',
+                   'X-OCL-Event-Metadata': self.metadata_header(metadata)}
+        path = 'concepts/$match/' if endpoint == MATCH else 'concepts/$rerank/'
+        response = self.request('POST', path, params=params or None, json=body, headers=headers)
+        if response.status_code not in (200, 202):
+            raise error_for(response)
+        return self._handle(endpoint, response, key)
+
+    def submit_match(self, rows, source, *, semantic=True, reranker=False, limit=5, idempotency_key=None,
+                     metadata=None):
+        """POST /concepts/$match/ for `rows` (strings or {"name": ...} dicts) against `source`.
+
+        Lexical without reranker is not a heavy call: the server answers 200 with the result, returned as
+        a Handle whose `immediate` task holds it.
+        """
+        params = {}
+        if semantic:
+            params['semantic'] = 'true'
+        if reranker:
+            params['reranker'] = 'true'
+        body = {'rows': _rows(rows), 'target_repo_url': source, 'limit': limit}
+        return self.submit(MATCH, body, params=params, idempotency_key=idempotency_key, metadata=metadata)
+
+    def submit_rerank(self, q, rows, *, idempotency_key=None, metadata=None):
+        """POST /concepts/$rerank/: score candidate `rows` (strings or dicts with "name") against `q`."""
+        return self.submit(RERANK, {'q': q, 'rows': _rows(rows)}, idempotency_key=idempotency_key,
+                           metadata=metadata)
+
+    def _handle(self, endpoint, response, key):
+        body = _json_or_none(response)
+        capacity = Capacity.from_headers(response.headers)
+        if not isinstance(body, dict):
+            raise errors.ProtocolError(f'HTTP {response.status_code} without a JSON object body',
+                                       status=response.status_code, capacity=capacity)
+        try:
+            if response.status_code == 200:
+                if 'state' in body and 'id' in body:  # waited in the request (Prefer: wait) and finished
+                    task = Task.from_body(body)
+                else:  # answered in the request (lexical $match): the body is the result
+                    task = Task(id=None, state=State.SUCCEEDED, endpoint=endpoint, result=body)
+                return Handle(id=task.id, url=None, endpoint=endpoint, lane=task.lane, state=task.state,
+                              idempotency_key=key, capacity=capacity, created_at=task.created_at,
+                              immediate=task)
+            url = body.get('url') or response.headers.get('Location') or f'/tasks/{body["id"]}/'
+            return Handle(id=body['id'], url=url, endpoint=body.get('endpoint') or endpoint,
+                          lane=body.get('lane'), state=State(body.get('state', 'queued')),
+                          idempotency_key=key, capacity=capacity, created_at=body.get('created_at'))
+        except (KeyError, ValueError, TypeError) as ex:
+            raise errors.ProtocolError(f'unreadable handle ({type(ex).__name__}: {ex})',
+                                       status=response.status_code, capacity=capacity) from ex
+
+    # --- tasks ---------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _task_path(task):
+        if isinstance(task, str):
+            return f'tasks/{task}/'
+        if getattr(task, 'url', None):
+            return task.url
+        if getattr(task, 'id', None):
+            return f'tasks/{task.id}/'
+        raise ValueError('this handle has no task to poll or cancel (the call was answered in the request)')
+
+    def _task(self, response):
+        body = _json_or_none(response)
+        try:
+            return Task.from_body(body, poll_after=retry_after_seconds(response.headers.get('Retry-After')))
+        except (KeyError, ValueError, TypeError, AttributeError) as ex:
+            raise errors.ProtocolError(f'unreadable task ({type(ex).__name__}: {ex})',
+                                       status=response.status_code) from ex
+
+    def get_task(self, task, wait=0):
+        """GET /tasks/<id>/ once; with `wait` > 0 the server holds the answer up to that many seconds."""
+        if isinstance(task, Handle) and task.immediate is not None:
+            return task.immediate
+        params = {'wait': int(wait)} if wait and wait > 0 else None
+        response = self.request('GET', self._task_path(task), params=params,
+                                read_timeout=self.timeout[1] + (wait or 0))
+        if response.status_code != 200:
+            raise error_for(response, not_found=errors.TaskNotFound)
+        return self._task(response)
+
+    def wait(self, handle, *, timeout=None, long_poll=DEFAULT_LONG_POLL, sleep=None, max_errors=8,
+             clock=time.monotonic):
+        """Poll until the task finishes; return the last Task seen.
+
+        Each poll long-polls up to `long_poll` s; an unfinished answer is followed by a pause of the
+        server's Retry-After hint less the time the poll already took. Returns early, with the task
+        unfinished, after `timeout` s or when `sleep(seconds)` returns true (the caller wants to stop).
+        Transient errors (no answer, 5xx) are retried with backoff, up to `max_errors` in a row (GaveUp).
+        """
+        if isinstance(handle, Handle) and handle.immediate is not None:
+            return handle.immediate
+        sleep = sleep or (lambda seconds: time.sleep(seconds))
+        deadline = None if timeout is None else clock() + timeout
+        failures = 0
+        last = None
+        while True:
+            remaining = None if deadline is None else deadline - clock()
+            if remaining is not None and remaining <= 0 and last is not None:
+                return last
+            poll = long_poll if remaining is None else max(0, min(long_poll, int(remaining)))
+            started = clock()
+            try:
+                task = self.get_task(handle, wait=poll)
+            except errors.ClientError as ex:
+                if not ex.retryable:
+                    raise
+                failures += 1
+                if failures >= max_errors:
+                    raise errors.GaveUp(f'lost contact with task after {failures} failed polls: {ex.reason}',
+                                        last=ex, attempts=failures) from ex
+                pause = min(30.0, 0.5 * 2 ** (failures - 1)) * self.rng.uniform(0.5, 1.0)
+                if ex.retry_after is not None:
+                    pause = max(pause, min(ex.retry_after, 30.0))
+                if sleep(pause):
+                    return last if last is not None else Task(id=getattr(handle, 'id', handle),
+                                                              state=State.QUEUED)
+                continue
+            failures = 0
+            last = task
+            if task.finished:
+                return task
+            hint = task.poll_after if task.poll_after is not None else 1.0
+            pause = max(0.0, hint - (clock() - started))
+            if deadline is not None:
+                pause = min(pause, max(0.0, deadline - clock()))
+            if sleep(pause):
+                return task
+
+    def cancel(self, task):
+        """DELETE /tasks/<id>/; returns the task as it ended (already-finished tasks: their final state)."""
+        response = self.request('DELETE', self._task_path(task))
+        if response.status_code == 409:  # it ended before we asked: report how
+            return self.get_task(task)
+        if response.status_code != 200:
+            raise error_for(response, not_found=errors.TaskNotFound)
+        return self._task(response)
+
+    # --- reference data --------------------------------------------------------------------------------
+
+    def sources(self):
+        """GET /sources/: the loaded concept sources."""
+        response = self.request('GET', 'sources/')
+        if response.status_code != 200:
+            raise error_for(response)
+        body = _json_or_none(response)
+        items = body.get('results', []) if isinstance(body, dict) else body
+        if not isinstance(items, list):
+            raise errors.ProtocolError('GET /sources/ did not answer a list', status=response.status_code)
+        return [Source(url=item['url'], name=item.get('name') or item['url'], version=item.get('version'),
+                       concept_count=item.get('concept_count'), org=item.get('org'),
+                       mnemonic=item.get('mnemonic'))
+                for item in items if isinstance(item, dict) and item.get('url')]
+
+    def capacity_status(self):
+        """GET /capacity/status/ (staff only): lanes' in-flight and limits, queues, Redis health."""
+        response = self.request('GET', 'capacity/status/')
+        if response.status_code != 200:
+            raise error_for(response)
+        body = _json_or_none(response)
+        if not isinstance(body, dict):
+            raise errors.ProtocolError('GET /capacity/status/ did not answer an object',
+                                       status=response.status_code)
+        return body

@@ -1,0 +1,59 @@
+"""A semaphore whose size follows the server's X-OCL-Capacity-Suggested-Concurrency."""
+import threading
+
+
+class AdaptiveLimit:
+    """At most `limit` holders at once; `set()` may change the limit while slots are held.
+
+    Lowering the limit never takes a slot away: holders finish, and no new slot is given until fewer
+    than the new limit are held. The limit stays between 1 and `cap` (a suggestion of 0 — a paused lane —
+    keeps one call going, which waits out the pause's Retry-After).
+    """
+
+    def __init__(self, limit, cap):
+        if cap < 1:
+            raise ValueError('cap must be at least 1')
+        self.cap = cap
+        self._limit = max(1, min(cap, limit))
+        self._held = 0
+        self._max_held = 0
+        self._cond = threading.Condition()
+
+    @property
+    def limit(self):
+        return self._limit
+
+    @property
+    def held(self):
+        return self._held
+
+    @property
+    def max_held(self):
+        return self._max_held
+
+    def set(self, limit):
+        """Change the limit (clamped to 1..cap); returns the limit now in force."""
+        with self._cond:
+            self._limit = max(1, min(self.cap, int(limit)))
+            self._cond.notify_all()
+            return self._limit
+
+    def acquire(self, stop, poll_seconds=0.1):
+        """Take a slot; False (and no slot) if `stop` (a threading.Event) is set first."""
+        with self._cond:
+            while self._held >= self._limit:
+                if stop.is_set():
+                    return False
+                self._cond.wait(poll_seconds)
+            if stop.is_set():
+                return False
+            self._held += 1
+            self._max_held = max(self._max_held, self._held)
+            return True
+
+    def release(self):
+        with self._cond:
+            if self._held <= 0:
+                raise RuntimeError('release() without acquire()')
+            self._held -= 1
+            self._cond.notify_all()
