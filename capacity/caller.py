@@ -12,16 +12,37 @@ from capacity.constants import CORE, EARLY_ACCESS, PREVIEW, STAFF
 TRACE_MAX_SECONDS = 3600
 
 
+_tiers = {}  # user id -> (tier, monotonic expiry): one groups query per user per cache period
+
+
 def get_tier(user):
-    """The user's highest plan: staff > core > early_access > preview (the default)."""
+    """The user's highest plan: staff > core > early_access > preview (the default).
+
+    Group membership is cached per process for CAPACITY_CONFIG_CACHE_SECONDS, like the config: a change
+    of plan applies within that time, and a heavy call costs no groups query in the common case.
+    """
     if user.is_staff or user.is_superuser:
         return STAFF
+    now = time.monotonic()
+    cached = _tiers.get(user.pk)
+    if cached is not None and cached[1] > now:
+        return cached[0]
     groups = set(user.groups.values_list('name', flat=True))
     if settings.CORE_USER_GROUP in groups:
-        return CORE
-    if settings.EARLY_ACCESS_GROUP in groups:
-        return EARLY_ACCESS
-    return PREVIEW
+        tier = CORE
+    elif settings.EARLY_ACCESS_GROUP in groups:
+        tier = EARLY_ACCESS
+    else:
+        tier = PREVIEW
+    if len(_tiers) > 10_000:
+        _tiers.clear()  # bound the memory; the next calls refill it
+    _tiers[user.pk] = (tier, now + settings.CAPACITY_CONFIG_CACHE_SECONDS)
+    return tier
+
+
+def clear_tiers():
+    """Forget cached tiers (tests, and after staff change a user's groups in this process)."""
+    _tiers.clear()
 
 
 def parse_event_metadata(raw):

@@ -13,7 +13,6 @@ Errors: the store raises, it never decides to fail open (the gate does). What it
 - `ValueError` for a call that makes no sense (no keys, keys and limits of different lengths).
 `mark_unavailable()` / `is_available()` keep the skip window the gate reads.
 """
-import concurrent.futures
 import functools
 import importlib.resources
 import os
@@ -161,14 +160,16 @@ class RedisLanes:
         """
         deadline = settings.CAPACITY_REDIS_DEADLINE_SECONDS
         future = cls.get_redis_thread().submit(op, *args)
-        # wait() rather than result(timeout): an op's own builtin TimeoutError (socket.timeout is one) is the
-        # class result(timeout) raises at its timeout, and must reach the caller as it is, not as the deadline.
-        concurrent.futures.wait([future], timeout=deadline)
-        # cancel() is True for a job still queued; False for one running (not done) or one that finished
-        # just now, whose answer is then used rather than thrown away.
-        if not future.done() and (future.cancel() or not future.done()):
-            raise redis.TimeoutError(f'no answer from Redis within {deadline} s')
-        return future.result()
+        try:
+            return future.result(timeout=deadline)
+        except TimeoutError:
+            # result() raises the builtin TimeoutError both at its deadline and when the op itself raised
+            # one (socket.timeout is one); a future that is done tells them apart. cancel() is True for a
+            # job still queued; False for one running, or one that finished just now, whose answer is
+            # then used rather than thrown away.
+            if not future.done() and (future.cancel() or not future.done()):
+                raise redis.TimeoutError(f'no answer from Redis within {deadline} s') from None
+            return future.result()
 
     @classmethod
     def run_script(cls, name, keys, args):

@@ -1,5 +1,7 @@
 """Staff endpoints for the capacity config. The work is in capacity.config; these only translate HTTP."""
 from django.core.exceptions import ValidationError
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.parsers import JSONParser
 from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
@@ -25,13 +27,16 @@ class CapacityConfigView(APIView):
     permission_classes = (IsAdminUser,)
     parser_classes = (JSONParser,)  # a form body can't express numbers or nested settings
 
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def get(self, request):
         latest, config = get_current()
         return Response({**version_data(latest), 'config': config, 'defaults': get_defaults()})
 
+    @extend_schema(request=OpenApiTypes.OBJECT, responses={200: OpenApiTypes.OBJECT, 400: OpenApiTypes.OBJECT})
     def patch(self, request):
         return self.save(request, replace=False)
 
+    @extend_schema(request=OpenApiTypes.OBJECT, responses={200: OpenApiTypes.OBJECT, 400: OpenApiTypes.OBJECT})
     def put(self, request):
         """Settings left out of the body take their defaults."""
         return self.save(request, replace=True)
@@ -56,6 +61,8 @@ class CapacityConfigHistoryView(APIView):
 
     permission_classes = (IsAdminUser,)
 
+    @extend_schema(parameters=[OpenApiParameter('limit', OpenApiTypes.INT, description='1 to 500, default 50')],
+                   responses={200: OpenApiTypes.OBJECT})
     def get(self, request):
         return Response(get_history(to_int(request.query_params.get('limit'), DEFAULT_HISTORY_LIMIT)))
 
@@ -65,6 +72,7 @@ class CapacityStatusView(APIView):
 
     permission_classes = (IsAdminUser,)
 
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def get(self, request):
         from capacity.status import get_status  # reads Redis; only this view needs it
         return Response(get_status(get_current()[1]))

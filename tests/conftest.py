@@ -95,3 +95,12 @@ def make_user(db):
         Token.objects.create(user=user)
         return user
     return make
+
+
+@pytest.fixture(autouse=True)
+def fresh_caches():
+    """Each test starts with no cached config or tiers (user ids are reused after a database flush)."""
+    from capacity.caller import clear_tiers
+    clear_tiers()
+    yield
+    clear_tiers()
