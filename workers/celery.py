@@ -4,9 +4,11 @@ Start a worker for a lane with `celery -A workers worker -Q <queue> -n <queue>@%
 then sized from the capacity config by workers.pool (prefork only: the threads pool can't be resized).
 """
 import os
+import sys
 
 import django
 from celery import Celery
+from django.conf import settings
 from kombu import Exchange, Queue
 
 os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'api.settings')
@@ -20,6 +22,22 @@ app.config_from_object('django.conf:settings', namespace='CELERY')
 app.conf.task_queues = [Queue(name, Exchange(name), routing_key=name) for name in LANES]
 app.conf.task_default_queue = next(iter(LANES))
 app.conf.task_create_missing_queues = False
+
+
+def flower_auth_problem(argv, environ, production):
+    """Why Flower must not start, or None: in production it needs basic auth or OAuth."""
+    if not production or 'flower' not in argv:
+        return None
+    if environ.get('FLOWER_BASIC_AUTH') or environ.get('FLOWER_AUTH') or any(
+            arg.startswith(('--basic_auth', '--basic-auth', '--auth')) for arg in argv):
+        return None
+    return ('Refusing to start Flower with HEAVY_LANES_PRODUCTION=true and no authentication: set '
+            'FLOWER_BASIC_AUTH=user:password (or --auth for OAuth).')
+
+
+_problem = flower_auth_problem(sys.argv, os.environ, settings.PRODUCTION)
+if _problem:
+    raise SystemExit(_problem)
 
 import workers.tasks  # noqa: E402,F401  (registers the tasks and the worker signal handlers)
 import workers.pool  # noqa: E402,F401

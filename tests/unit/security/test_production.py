@@ -1,0 +1,50 @@
+"""Settings and processes that would be unsafe in production refuse to start."""
+import os
+import subprocess
+import sys
+
+from workers.celery import flower_auth_problem
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+SAFE = {'HEAVY_LANES_PRODUCTION': 'true', 'SECRET_KEY': 'a-real-secret', 'ALLOWED_HOSTS': 'api.example',
+        'DATABASE_URL': 'postgres://postgres@127.0.0.1:5432/test', 'DEBUG': '', 'CORS_ALLOW_ALL_ORIGINS': ''}
+
+
+def check(**env):
+    environ = {k: v for k, v in os.environ.items() if k not in SAFE and k != 'DJANGO_SETTINGS_MODULE'}
+    return subprocess.run([sys.executable, 'manage.py', 'check'], cwd=ROOT, capture_output=True, text=True,
+                          env={**environ, 'DJANGO_SETTINGS_MODULE': 'api.settings', **SAFE, **env}, timeout=60)
+
+
+def test_production_settings_with_everything_set_start():
+    result = check()
+    assert result.returncode == 0, result.stderr
+
+
+def test_production_refuses_debug_a_missing_secret_open_hosts_and_sqlite():
+    result = check(DEBUG='true', SECRET_KEY='', ALLOWED_HOSTS='*', DATABASE_URL='', CORS_ALLOW_ALL_ORIGINS='1')
+    assert result.returncode != 0
+    message = result.stderr.strip().splitlines()[-1]
+    for problem in ('DEBUG is on', 'SECRET_KEY is not set', 'ALLOWED_HOSTS must name the hosts',
+                    'CORS_ALLOW_ALL_ORIGINS is on', 'embedded SQLite'):
+        assert problem in message
+
+
+def test_production_refuses_an_open_flower_api():
+    assert 'FLOWER_UNAUTHENTICATED_API' in check(FLOWER_UNAUTHENTICATED_API='true').stderr
+
+
+def test_flower_needs_authentication_in_production_only():
+    argv = ['celery', '-A', 'workers', 'flower']
+    assert 'FLOWER_BASIC_AUTH' in flower_auth_problem(argv, {}, production=True)
+    assert flower_auth_problem(argv, {'FLOWER_BASIC_AUTH': 'ops:pw'}, production=True) is None
+    assert flower_auth_problem([*argv, '--basic_auth=ops:pw'], {}, production=True) is None
+    assert flower_auth_problem(argv, {}, production=False) is None
+    assert flower_auth_problem(['celery', '-A', 'workers', 'worker'], {}, production=True) is None
+
+
+def test_celery_accepts_json_only():
+    from workers.celery import app
+    assert app.conf.accept_content == ['json']
+    assert app.conf.task_serializer == app.conf.result_serializer == 'json'
+    assert app.conf.event_serializer == 'json'
