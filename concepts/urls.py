@@ -1,3 +1,7 @@
-from django.urls import path  # noqa: F401
+from django.urls import path
 
-urlpatterns = []
+from concepts import views
+
+urlpatterns = [
+    path('sources/', views.SourceListView.as_view(), name='sources'),
+]

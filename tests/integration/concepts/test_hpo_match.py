@@ -1,0 +1,69 @@
+"""A semantic `$match` of 100 rows over the whole HPO, as a bulk client would send it."""
+import random
+from collections import defaultdict
+
+import pytest
+
+from concepts.loader import load_terminology
+from concepts.matching import store
+from concepts.matching.text import normalize
+from concepts.services import run_match
+from concepts.terminology import read_hpo
+
+
+def known_synonyms(hpo, count, seed):
+    """`count` (synonym, code) pairs whose word bag belongs to that one concept only.
+
+    A synonym whose words, in any order, are also another concept's name or synonym has no single right
+    answer (character n-grams can't see word order), so it is left out.
+    """
+    owners = defaultdict(set)
+    for concept in hpo.concepts:
+        for text in (concept.name, *concept.synonyms):
+            owners[tuple(sorted(normalize(text).split()))].add(concept.code)
+    pairs = [(synonym, concept.code) for concept in hpo.concepts for synonym in concept.synonyms
+             if owners[tuple(sorted(normalize(synonym).split()))] == {concept.code}]
+    return random.Random(seed).sample(pairs, count)
+
+
+@pytest.fixture(scope='module')
+def hpo_index_dir(tmp_path_factory):
+    yield tmp_path_factory.mktemp('hpo-var')
+    store.clear_cache()  # the HPO indexes are large: don't keep them for the rest of the session
+
+
+@pytest.fixture
+def hpo_source(db, settings, hpo_index_dir):
+    """The whole HPO in the database; its indexes shared by this module's tests (built once)."""
+    settings.VAR_DIR = hpo_index_dir
+    load_terminology(read_hpo())
+
+
+def bag(text):
+    return sorted(normalize(text).split())
+
+
+@pytest.mark.django_db
+def test_a_semantic_match_of_a_hundred_known_synonyms_finds_each_concept_first(hpo_source):
+    pairs = known_synonyms(read_hpo(), 100, seed=7)
+    # Clients send whatever case they have: lower-case every other row.
+    rows = [{'name': synonym.lower() if i % 2 else synonym, 'id': i} for i, (synonym, _) in enumerate(pairs)]
+
+    result = run_match({'rows': rows, 'target_repo_url': '/orgs/HPO/sources/HPO/', 'limit': 5},
+                       semantic=True, reranker=False)
+
+    assert result['algorithm'] == 'semantic:tfidf-svd' and len(result['results']) == 100
+    firsts = [(row['row']['id'], row['candidates'][0]['code'], bag(row['candidates'][0]['matched']))
+              for row in result['results']]
+    # The match is the synonym itself, or one of the concept's texts with the same words in another order.
+    assert firsts == [(i, code, bag(synonym)) for i, (synonym, code) in enumerate(pairs)]
+    assert all(len(row['candidates']) == 5 for row in result['results'])
+
+
+@pytest.mark.django_db
+def test_a_reranked_semantic_match_finds_lay_terms_for_hpo_concepts(hpo_source):
+    queries = {'big head': 'HP:0000256', 'low muscle tone': 'HP:0001252', 'heart attack': 'HP:0001658',
+               'seizures': 'HP:0001250', 'kidney cysts': 'HP:0000107', 'short stature': 'HP:0004322'}
+    result = run_match({'rows': [{'name': q} for q in queries], 'target_repo_url': '/orgs/HPO/sources/HPO/'},
+                       semantic=True, reranker=True)
+    assert [row['candidates'][0]['code'] for row in result['results']] == list(queries.values())
