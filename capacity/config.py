@@ -12,6 +12,7 @@ problem found.
 """
 import copy
 import logging
+import os
 import threading
 import time
 
@@ -191,6 +192,16 @@ def read_current():
 # (config, expires_at on the monotonic clock), replaced as a whole so the fast path reads it without the lock.
 _cache = (None, 0.0)
 _cache_lock = threading.Lock()
+
+
+def _after_fork():
+    # A lane worker forks pool processes while its reconciler thread may hold this lock; a child that
+    # inherited it held would wait forever on its first get_config().
+    global _cache_lock
+    _cache_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def get_config():

@@ -77,6 +77,15 @@ _sink_pid = None
 _sink_lock = threading.Lock()
 
 
+def _after_fork():
+    # The child gets its own sink (get_sink checks the pid); the lock may have been held by another thread.
+    global _sink_lock
+    _sink_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 def get_sink():
     """The sink of this process, made on first use and again after a fork."""
     global _sink, _sink_pid

@@ -3,6 +3,7 @@
 A waiter subscribes first, then reads the call's row, then waits for the message, so a call that finishes
 between the two is never missed. A lost message only costs the waiter its timeout: the row is the truth.
 """
+import os
 import threading
 import time
 
@@ -11,6 +12,15 @@ from django.conf import settings
 
 _client = None
 _lock = threading.Lock()
+
+
+def _after_fork():
+    # A forked pool process gets a lock nobody holds and its own connection pool (redis-py checks the pid).
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def get_client():

@@ -4,6 +4,7 @@ Depth is read on the broker (LLEN of the queue's list and of each priority level
 transport stores them), so it counts messages no worker has taken yet. The oldest waiting age comes from
 the calls' rows. Pools are what each live lane node last published (workers.pool). No Celery import here.
 """
+import os
 import threading
 import time
 
@@ -19,6 +20,14 @@ from workers.pool import read_pools
 PRIORITY_SEPARATOR = '\x06\x16'  # kombu's Redis transport: '<queue>\x06\x16<level>' for levels above 0
 _clients = {}
 _lock = threading.Lock()
+
+
+def _after_fork():
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def client_for(url):
