@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test venv migrate clean
+.PHONY: run test test-ml venv migrate clean
 
 $(STAMP): requirements/base.txt requirements/dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,8 +24,13 @@ run: $(STAMP)
 # Two passes: everything on SQLite, then the PostgreSQL-only cases (statement timeouts, advisory locks)
 # with PostgreSQL as the database. Both real Redis and PostgreSQL are expected on 127.0.0.1.
 test: $(STAMP)
-	$(PY) -m pytest -m "not postgres" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not postgres and not ml" $(PYTEST_ARGS)
 	HEAVY_LANES_TEST_ON_POSTGRES=1 $(PY) -m pytest -m postgres $(PYTEST_ARGS)
+
+# The optional sentence-transformers embedder and reranker (requirements/ml.txt, about 6 GB with torch).
+test-ml: $(STAMP)
+	$(PY) -m pip install -q -r requirements/ml.txt
+	$(PY) -m pytest -m ml $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) var

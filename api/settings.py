@@ -168,6 +168,12 @@ CAPACITY_REDIS_DEADLINE_SECONDS = env_float('CAPACITY_REDIS_DEADLINE_SECONDS', 1
 CAPACITY_TASK_ID = os.environ.get('CAPACITY_TASK_ID', '') or socket.gethostname()
 CAPACITY_KEY_PREFIX = os.environ.get('CAPACITY_KEY_PREFIX', 'ocl:capacity')
 
+# Matching (concepts/): the embedder for semantic $match, the reranker, and how many loaded indexes a
+# process keeps. `sentence-transformers` for either needs requirements/ml.txt.
+CONCEPTS_EMBEDDER = os.environ.get('CONCEPTS_EMBEDDER', 'tfidf-svd')
+CONCEPTS_RERANKER = os.environ.get('CONCEPTS_RERANKER', 'fuzzy')
+CONCEPTS_INDEX_CACHE_SIZE = env_int('CONCEPTS_INDEX_CACHE_SIZE', 8)
+
 # /metrics is open unless this is set; then scrapers send `Authorization: Bearer <METRICS_TOKEN>`.
 METRICS_TOKEN = os.environ.get('METRICS_TOKEN', '')
 
@@ -251,3 +257,7 @@ if PRODUCTION and production_problems():
 
     raise ImproperlyConfigured('Refusing to start with HEAVY_LANES_PRODUCTION=true: '
                                + '; '.join(production_problems()) + '.')
+
+# Benchmark-only floor views under /bench/ (api/bench_views.py, used by bench/*.py): off unless set, and
+# never on in production whatever the environment says.
+HEAVY_LANES_BENCH_VIEWS = env_bool('HEAVY_LANES_BENCH_VIEWS') and not PRODUCTION

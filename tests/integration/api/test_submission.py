@@ -1,0 +1,194 @@
+"""Submitting heavy calls over HTTP: idempotency, waiting in the request, the waiting room, a broken
+broker, and the order of the capacity gate, rate limits and metering."""
+import json
+import threading
+
+import pytest
+from rest_framework.throttling import ScopedRateThrottle
+
+from api.models import UsageEvent
+from capacity.constants import Lane
+from capacity.keys import lane_key
+from tests.integration.workers.conftest import wait_until
+from workers.models import HeavyCall
+
+pytestmark = pytest.mark.redis
+AWARE = {'HTTP_X_OCL_EVENT_METADATA': json.dumps({'capacity_aware': 'true'})}
+ROWS = [{'name': 'high blood pressure'}, {'name': 'heart attack'}]
+MANY = {'staff': 50, 'core': 50, 'early_access': 50, 'preview': 50}
+
+
+def match(client, source, rows=ROWS, query='semantic=true', **headers):
+    return client.post(f'/concepts/$match/?{query}', {'rows': rows, 'target_repo_url': source}, format='json',
+                       **headers)
+
+
+def user_leases(redis_client, user):
+    return redis_client.zcard(lane_key(Lane.USER, user.pk))
+
+
+def test_the_same_idempotency_key_and_payload_return_the_same_handle_and_take_no_second_lease(
+        broker, lanes_redis, tiny_source, make_user, api_as):
+    user = make_user('core_user')
+    client = api_as(user)
+    first = match(client, tiny_source, HTTP_IDEMPOTENCY_KEY='run-1-batch-1')
+    again = match(client, tiny_source, HTTP_IDEMPOTENCY_KEY='run-1-batch-1')
+    assert first.status_code == again.status_code == 202
+    assert first.json()['id'] == again.json()['id']
+    assert user_leases(lanes_redis, user) == 1
+    assert UsageEvent.objects.filter(user=user).count() == 1
+    assert HeavyCall.objects.filter(owner=user).count() == 1
+
+
+def test_the_same_idempotency_key_with_another_payload_is_a_422(broker, lanes_redis, tiny_source, make_user, api_as):
+    client = api_as(make_user())
+    assert match(client, tiny_source, HTTP_IDEMPOTENCY_KEY='k').status_code == 202
+    response = match(client, tiny_source, rows=[{'name': 'fever'}], HTTP_IDEMPOTENCY_KEY='k')
+    assert response.status_code == 422
+    assert response.json()['error_code'] == 'idempotency_conflict'
+    assert 'Idempotency-Key "k"' in response.json()['detail']
+
+
+def test_another_users_idempotency_key_is_theirs_alone(broker, lanes_redis, tiny_source, make_user, api_as):
+    one, two = api_as(make_user()), api_as(make_user())
+    assert match(one, tiny_source, HTTP_IDEMPOTENCY_KEY='k').json()['id'] != \
+        match(two, tiny_source, HTTP_IDEMPOTENCY_KEY='k').json()['id']
+
+
+def test_racing_requests_with_one_idempotency_key_get_one_call(
+        broker, lanes_redis, tiny_source, make_user, api_as, configure):
+    configure(per_user=MANY, tiers=MANY, es2_knn=50, api_heavy={'cluster': 50, 'per_task': 50})
+    user = make_user('core_user')
+    answers, barrier = [], threading.Barrier(6)
+
+    def post():
+        from django.db import connection
+        barrier.wait()
+        try:
+            answers.append(match(api_as(user), tiny_source, HTTP_IDEMPOTENCY_KEY='race'))
+        finally:
+            connection.close()
+    threads = [threading.Thread(target=post) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(response.status_code for response in answers) == [202] * 6
+    assert len({response.json()['id'] for response in answers}) == 1
+    assert HeavyCall.objects.filter(owner=user).count() == 1
+    assert user_leases(lanes_redis, user) == 1
+    assert UsageEvent.objects.filter(user=user).count() == 1
+    assert broker.llen('es2_knn') + sum(broker.llen(f'es2_knn\x06\x16{n}') for n in (3, 6, 9)) == 1
+
+
+def test_an_unreachable_broker_is_a_503_that_leaves_nothing_behind(
+        lanes_redis, tiny_source, make_user, api_as, monkeypatch):
+    from celery import Celery
+    from workers import submission
+    from workers.celery import app
+    # The same publish, through a Celery app whose broker address has nothing listening (discard port).
+    # (Celery lets the CELERY_BROKER_URL environment variable win over any configured URL.)
+    monkeypatch.delenv('CELERY_BROKER_URL')
+    dead = Celery('unreachable', broker='redis://127.0.0.1:9/0', set_as_current=False)
+    dead.conf.update(task_publish_retry_policy=app.conf.task_publish_retry_policy,
+                     broker_transport_options=app.conf.broker_transport_options)
+    monkeypatch.setattr(submission, 'send', lambda call: dead.send_task(
+        'heavy_lanes.run_heavy_call', args=[call.pk], task_id=call.pk, queue=call.lane))
+    user = make_user()
+    response = match(api_as(user), tiny_source)
+    assert response.status_code == 503
+    assert response.json()['error_code'] == 'queue_unavailable'
+    assert 'nothing was submitted' in response.json()['detail']
+    assert HeavyCall.objects.count() == 0 and UsageEvent.objects.count() == 0
+    assert user_leases(lanes_redis, user) == 0
+
+
+def test_enforce_lets_the_waiting_room_fill_then_refuses(broker, lanes_redis, tiny_source, make_user, api_as, configure):
+    configure(mode='enforce', enforce_for='all', es2_knn=2, per_user=MANY, tiers=MANY,
+              queue={'deadline_seconds': 600, 'max_waiting': {'interactive': 0, 'es2_knn': 1, 'api_heavy': 0}})
+    client = api_as(make_user('core_user'))
+    codes = [match(client, tiny_source).status_code for _ in range(3)]
+    assert codes == [202, 202, 429]
+
+
+def test_a_capacity_refusal_costs_no_rate_limit_allowance_and_no_usage(
+        broker, lanes_redis, tiny_source, make_user, api_as, configure, monkeypatch):
+    monkeypatch.setitem(ScopedRateThrottle.THROTTLE_RATES, 'heavy', '2/min')
+    from django.core.cache import cache
+    cache.clear()
+    configure(mode='enforce', enforce_for='all', per_user={**MANY, 'preview': 0})
+    user = make_user()
+    client = api_as(user)
+    refusals = [match(client, tiny_source) for _ in range(3)]
+    assert [r.status_code for r in refusals] == [429] * 3
+    assert {r.json()['error_code'] for r in refusals} == {'capacity_exceeded'}
+    configure(per_user=MANY, tiers=MANY, es2_knn=50, api_heavy={'cluster': 50, 'per_task': 50})
+    answers = [match(client, tiny_source) for _ in range(3)]
+    assert [r.status_code for r in answers] == [202, 202, 429]
+    limited = answers[2].json()
+    assert limited['error_code'] == 'rate_limited' and limited['retry_after'] >= 1
+    assert 'scope' not in limited
+    assert UsageEvent.objects.filter(user=user).count() == 2
+    assert user_leases(lanes_redis, user) == 2  # the rate-limited call took no lease either
+
+
+def test_prefer_wait_holds_this_hosts_lane_while_it_waits_then_answers_with_the_handle(
+        broker, lanes_redis, tiny_source, make_user, api_as, configure, settings):
+    settings.CAPACITY_TASK_ID = 'api-1'
+    user = make_user()
+    client = api_as(user)
+    seen = {}
+    task_key = lane_key(Lane.API_HEAVY_TASK, 'api-1')
+
+    def watch():
+        wait_until(lambda: lanes_redis.zcard(task_key) == 1, timeout=5, interval=0.01, message='the host lane')
+        seen['held'] = True
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    response = match(client, tiny_source, HTTP_PREFER='wait=1')
+    watcher.join(6)
+    assert seen.get('held')
+    assert response.status_code == 202  # no worker runs: the wait ran out
+    assert lanes_redis.zcard(task_key) == 0
+    call = HeavyCall.objects.get(pk=response.json()['id'])
+    assert task_key not in call.admission['keys']
+    assert user_leases(lanes_redis, user) == 1  # the call itself still holds its lanes
+
+
+def test_respond_async_and_capacity_aware_clients_never_wait(
+        broker, lanes_redis, tiny_source, make_user, api_as, configure):
+    configure(wait={'default_seconds': 5, 'max_seconds': 30})
+    client = api_as(make_user('core_user'))
+    import time
+    started = time.monotonic()
+    assert match(client, tiny_source, HTTP_PREFER='respond-async').status_code == 202
+    assert match(client, tiny_source, **AWARE).status_code == 202
+    assert time.monotonic() - started < 2
+
+
+@pytest.mark.slow
+def test_prefer_wait_answers_200_with_the_result_when_it_finishes_in_time(
+        start_worker, tiny_source, make_user, api_as, lanes_redis):
+    start_worker()
+    response = match(api_as(make_user()), tiny_source, HTTP_PREFER='wait=20')
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body['state'] == 'succeeded' and body['result']['results'][0]['candidates'][0]['name'] == 'Hypertension'
+    assert lanes_redis.zcard(lane_key(Lane.API_HEAVY_TASK, 'test-host')) == 0
+
+
+@pytest.mark.slow
+def test_a_call_that_fails_is_refunded(start_worker, tiny_source, make_user, api_as, lanes_redis, configure):
+    from concepts.models import Source
+    configure(es2_knn=1)  # paused, so the source can go away before the call runs
+    start_worker()
+    user = make_user()
+    client = api_as(user)
+    call_id = match(client, tiny_source).json()['id']
+    Source.objects.all().delete()
+    configure(es2_knn=3)
+    task = wait_until(lambda: (lambda b: b if b['state'] not in ('queued', 'running') else None)(
+        client.get(f'/tasks/{call_id}/').json()), timeout=30, message='the call to end')
+    assert task['state'] == 'failed' and task['error']
+    event = UsageEvent.objects.get(call_id=call_id)
+    assert event.refunded_at is not None

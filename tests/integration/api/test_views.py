@@ -1,0 +1,139 @@
+"""LIMITER.md §8 CapacityViewsTest, adapted to heavy calls that answer 202 with a task handle."""
+import json
+from unittest import mock
+
+import pytest
+from django.conf import settings
+
+from api.models import UsageEvent
+from capacity.constants import HEADERS, Lane
+from capacity.keys import lane_key
+from workers.models import HeavyCall
+
+pytestmark = pytest.mark.redis
+ROWS = [{'name': 'a'}, {'name': 'b'}]
+
+
+@pytest.fixture
+def lines():
+    with mock.patch('workers.submission.emit') as emit:
+        yield emit
+
+
+def match(client, source, query='semantic=true', rows=ROWS):
+    return client.post(f'/concepts/$match/?{query}', {'rows': rows, 'target_repo_url': source}, format='json')
+
+
+def rerank(client, body):
+    return client.post('/concepts/$rerank/', body, format='json')
+
+
+def test_cors_exposes_the_capacity_headers_and_allows_the_metadata_header():
+    exposed = {header.lower() for header in settings.CORS_EXPOSE_HEADERS}
+    assert {header.lower() for header in HEADERS} | {'retry-after', 'location'} <= exposed
+    assert 'x-ocl-event-metadata' in {header.lower() for header in settings.CORS_ALLOW_HEADERS}
+
+
+def test_cors_preflight_and_response_headers(client, db):
+    preflight = client.options('/concepts/$match/', HTTP_ORIGIN='https://mapper.example',
+                               HTTP_ACCESS_CONTROL_REQUEST_METHOD='POST',
+                               HTTP_ACCESS_CONTROL_REQUEST_HEADERS='x-ocl-event-metadata, idempotency-key')
+    assert preflight.status_code == 200
+    assert 'x-ocl-event-metadata' in preflight['Access-Control-Allow-Headers']
+
+
+def test_semantic_match_is_counted_and_carries_the_headers(broker, lanes_redis, tiny_source, make_user, api_as):
+    user = make_user()
+    response = match(api_as(user), tiny_source)
+    assert response.status_code == 202
+    assert response['X-OCL-Capacity-Decision'] == 'admitted'
+    assert response['X-OCL-Capacity-Tier'] == 'preview'
+    assert response['X-OCL-Capacity-In-Flight'] == '1'
+    assert 'Retry-After' not in response
+    call = HeavyCall.objects.get(pk=response.json()['id'])
+    assert call.admission['record']['endpoint'] == '$match' and call.admission['record']['rows'] == 2
+    assert call.admission['record']['semantic'] is True
+    assert lanes_redis.zcard(lane_key(Lane.USER, user.pk)) == 1  # held while queued
+
+
+def test_lexical_match_is_not_a_heavy_call(broker, lanes_redis, tiny_source, make_user, api_as, lines):
+    response = match(api_as(make_user()), tiny_source, query='')
+    assert response.status_code == 200
+    assert not any(header in response for header in HEADERS)
+    assert response.json()['results'][0]['row'] == {'name': 'a'}
+    assert HeavyCall.objects.count() == 0 and lines.call_count == 0
+
+
+def test_reranked_lexical_match_is_a_heavy_call(broker, lanes_redis, tiny_source, make_user, api_as):
+    response = match(api_as(make_user()), tiny_source, query='reranker=true')
+    assert response.status_code == 202 and response['X-OCL-Capacity-Decision'] == 'admitted'
+    record = HeavyCall.objects.get(pk=response.json()['id']).admission['record']
+    assert record['semantic'] is False and record.get('es2_knn_limit') is None
+    assert response.json()['lane'] == 'api_heavy'
+
+
+def test_enforce_refuses_a_match_before_charging_any_usage(
+        broker, lanes_redis, tiny_source, make_user, api_as, configure, lines):
+    configure(mode='enforce', enforce_for='all', per_user={'staff': 4, 'core': 3, 'early_access': 2, 'preview': 0})
+    response = match(api_as(make_user()), tiny_source)
+    assert response.status_code == 429
+    assert response['Retry-After'] == '120' and response['X-OCL-Capacity-Decision'] == 'refused'
+    assert response.json()['error_code'] == 'capacity_exceeded'
+    assert UsageEvent.objects.count() == 0 and HeavyCall.objects.count() == 0
+    assert lines.call_args.args[0]['state'] == 'refused'
+
+
+def test_a_limiter_error_in_enforce_mode_lets_the_match_through(
+        broker, lanes_redis, tiny_source, make_user, api_as, configure):
+    configure(mode='enforce', enforce_for='all', per_user={'staff': 4, 'core': 3, 'early_access': 2, 'preview': 0})
+    with mock.patch('capacity.decisions.retry_after', side_effect=RuntimeError('boom')):
+        response = match(api_as(make_user()), tiny_source)
+    assert response.status_code == 202 and response['X-OCL-Capacity-Decision'] == 'unavailable'
+    assert UsageEvent.objects.filter(action='$match', units=2).count() == 1
+
+
+def test_shadow_mode_charges_and_queues_as_usual(broker, lanes_redis, tiny_source, make_user, api_as, configure):
+    configure(per_user={'staff': 4, 'core': 3, 'early_access': 2, 'preview': 0})
+    response = match(api_as(make_user()), tiny_source)
+    assert response.status_code == 202 and response['X-OCL-Capacity-Decision'] == 'shadow-refused'
+    assert 'Retry-After' not in response
+    assert UsageEvent.objects.count() == 1
+
+
+def test_rerank_is_counted_and_carries_the_headers(broker, lanes_redis, tiny_source, make_user, api_as):
+    response = rerank(api_as(make_user()), {'q': 'fever', 'rows': [{'name': 'Fever'}, {'name': 'Cough'}]})
+    assert response.status_code == 202 and response['X-OCL-Capacity-Decision'] == 'admitted'
+    record = HeavyCall.objects.get(pk=response.json()['id']).admission['record']
+    assert (record['endpoint'], record['rows'], record['single_row']) == ('$rerank', 2, False)
+
+
+def test_enforce_refuses_a_rerank_before_any_work(broker, lanes_redis, make_user, api_as, configure):
+    configure(mode='enforce', enforce_for='all', tiers={'staff': 4, 'core': 4, 'early_access': 3, 'preview': 0})
+    response = rerank(api_as(make_user()), {'q': 'fever', 'rows': [{'name': 'Fever'}]})
+    assert response.status_code == 429 and HeavyCall.objects.count() == 0
+
+
+def test_an_invalid_rerank_is_not_counted(broker, lanes_redis, make_user, api_as):
+    user = make_user()
+    response = rerank(api_as(user), {'rows': [{'name': 'Fever'}]})
+    assert response.status_code == 400
+    assert 'q' in json.dumps(response.json()['detail'])
+    assert 'X-OCL-Capacity-Decision' not in response
+    assert lanes_redis.zcard(lane_key(Lane.USER, user.pk)) == 0
+
+
+def test_an_unknown_target_repo_is_a_400_naming_the_field(broker, lanes_redis, tiny_source, make_user, api_as):
+    response = match(api_as(make_user()), '/orgs/nobody/sources/nothing/')
+    assert response.status_code == 400 and 'target_repo_url' in response.json()['detail']
+
+
+def test_anonymous_heavy_calls_are_401(client, db):
+    assert client.post('/concepts/$match/?semantic=true', {}, content_type='application/json').status_code == 401
+
+
+def test_status_view(broker, lanes_redis, tiny_source, make_user, api_as):
+    match(api_as(make_user()), tiny_source)
+    status = api_as(make_user(is_staff=True)).get('/capacity/status/').json()
+    assert status['api_heavy']['in_flight'] == 1 and status['mode'] == 'shadow'
+    assert status['queues']['es2_knn']['depth'] == 1
+    assert api_as(make_user()).get('/capacity/status/').status_code == 403

@@ -1,0 +1,161 @@
+"""Real Celery worker processes against the real Redis, for the queue tests.
+
+Each test gets workers of its own (`start_worker`), stopped by process group at teardown even when the test
+fails. They share the test database file (tests run with transaction=True so rows are committed), use Redis
+db 14 as the broker (flushed around each test) and this test's key prefix for pool registration.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection
+from rest_framework.test import APIClient
+
+from capacity.config import clear_cache, save_config
+from capacity.store import RedisLanes
+from tests.conftest import delete_prefixed, real_redis_client
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+class Worker:
+    def __init__(self, name, queues, concurrency, env, log_dir):
+        self.name = name
+        self.node = f'{name}@heavy-lanes-test'
+        self.queues = queues
+        self.concurrency = concurrency
+        self.env = env
+        self.log_path = os.path.join(log_dir, f'{name}-{uuid.uuid4().hex[:6]}.log')
+        self.process = None
+
+    def start(self):
+        self.log = open(self.log_path, 'w')
+        self.process = subprocess.Popen(
+            [sys.executable, '-m', 'celery', '-A', 'workers', 'worker', '-Q', ','.join(self.queues),
+             '-n', self.node, '-c', str(self.concurrency), '-P', 'prefork', '--without-mingle',
+             '--without-gossip', '-l', 'INFO'],
+            cwd=ROOT, env=self.env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f'worker {self.node} exited:\n{self.output()}')
+            if 'ready.' in self.output():
+                return self
+            time.sleep(0.1)
+        raise AssertionError(f'worker {self.node} did not start:\n{self.output()}')
+
+    def output(self):
+        with open(self.log_path) as log:
+            return log.read()
+
+    def kill(self, sig=signal.SIGKILL):
+        """Signal the whole node: its main process and every pool process."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, sig)
+
+    def stop(self):
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(5)
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)  # any pool process left behind
+        except ProcessLookupError:
+            pass
+        self.log.close()
+
+
+@pytest.fixture
+def broker():
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    try:
+        client.ping()
+    except redis.RedisError as ex:
+        from tests.conftest import missing_service
+        missing_service(f'no broker Redis at {settings.CELERY_BROKER_URL}: {ex}')
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture
+def lanes_redis(key_prefix, transactional_db):
+    """The real Redis as the lane store for this process and the workers (keys under the test prefix)."""
+    client = real_redis_client()
+    RedisLanes.use_client(client)
+    clear_cache()
+    yield client
+    RedisLanes.use_client(None)
+    clear_cache()
+    delete_prefixed(client, key_prefix)
+    client.close()
+
+
+@pytest.fixture
+def start_worker(broker, lanes_redis, key_prefix, tmp_path):
+    started = []
+
+    def start(name='lanes', queues=('interactive', 'es2_knn', 'api_heavy'), concurrency=1, **env):
+        worker_env = {
+            **os.environ,
+            'DJANGO_SETTINGS_MODULE': 'tests.settings',
+            'HEAVY_LANES_WORKER_DB': str(connection.settings_dict['NAME']),
+            'CAPACITY_KEY_PREFIX': key_prefix,
+            'CAPACITY_CONFIG_CACHE_SECONDS': '1',
+            'WORKERS_RECONCILE_SECONDS': '0.5',
+            **{key: str(value) for key, value in env.items()},
+        }
+        worker = Worker(name, list(queues), concurrency, worker_env, tmp_path)
+        started.append(worker)
+        return worker.start()
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+@pytest.fixture
+def configure():
+    def configure(**changes):
+        from unittest import mock
+        with mock.patch('capacity.config.emit'):
+            save_config(changes)
+    return configure
+
+
+@pytest.fixture
+def tiny_source(transactional_db):
+    from concepts.loader import load_terminology
+    from concepts.terminology import read_tiny
+    load_terminology(read_tiny())
+    return '/orgs/HL/sources/TinyClinical/'
+
+
+@pytest.fixture
+def api_as(make_user):
+    def api_as(user):
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f'Token {user.auth_token.key}')
+        return client
+    return api_as
+
+
+def wait_until(predicate, timeout=20, interval=0.05, message='condition'):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f'timed out after {timeout} s waiting for {message}')

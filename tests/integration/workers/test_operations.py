@@ -1,0 +1,186 @@
+"""Operations against real workers: queue depth and age in status and metrics, resizing through the
+config endpoint, a Flower resize showing as drift, and a metrics scrape that agrees with status."""
+import base64
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.integration.workers.conftest import ROOT, wait_until
+from tests.integration.workers.test_queue import pool_of, submit
+
+pytestmark = [pytest.mark.slow, pytest.mark.redis]
+
+
+def scrape(client):
+    text = client.get('/metrics').content.decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith('#'):
+            name, value = line.rsplit(' ', 1)
+            samples[name] = float(value)
+    return samples
+
+
+def test_a_stopped_lanes_queue_shows_its_depth_and_age_until_a_worker_drains_it(
+        broker, start_worker, tiny_source, make_user, api_as, client):
+    staff = api_as(make_user(is_staff=True))
+    user = api_as(make_user('core_user'))
+    ids = [submit(user, tiny_source).json()['id'] for _ in range(5)]
+    first = staff.get('/capacity/status/').json()['queues']['es2_knn']
+    assert first['depth'] == 5 and first['consumers'] == 0 and first['drift'] is None
+    time.sleep(1.1)
+    second = staff.get('/capacity/status/').json()['queues']['es2_knn']
+    assert second['oldest_waiting_seconds'] > first['oldest_waiting_seconds'] >= 0
+    metrics = scrape(client)
+    assert metrics['heavy_lanes_queue_depth{queue="es2_knn"}'] == 5
+    assert metrics['heavy_lanes_queue_oldest_waiting_seconds{queue="es2_knn"}'] >= second['oldest_waiting_seconds']
+    assert metrics['heavy_lanes_calls_open{queue="es2_knn",state="queued"}'] == 5
+
+    start_worker(queues=('es2_knn',))
+    wait_until(lambda: all(user.get(f'/tasks/{i}/').json()['state'] == 'succeeded' for i in ids), timeout=60,
+               interval=0.2, message='the queue to drain')
+    drained = staff.get('/capacity/status/').json()['queues']['es2_knn']
+    assert drained['depth'] == 0 and drained['oldest_waiting_seconds'] == 0
+    metrics = scrape(client)
+    assert metrics['heavy_lanes_queue_depth{queue="es2_knn"}'] == 0
+    assert metrics['heavy_lanes_calls_finished_total{queue="es2_knn",state="succeeded"}'] == 5
+    # es2_knn's bulk limit is 2: two calls were admitted, three queued as shadow-refused.
+    assert metrics['heavy_lanes_decisions_total{decision="admitted",queue="es2_knn",tier="core"}'] == 2
+    assert metrics['heavy_lanes_decisions_total{decision="shadow-refused",queue="es2_knn",tier="core"}'] == 3
+
+
+def test_patching_a_lane_limit_resizes_a_running_pool_and_is_in_the_history(
+        broker, start_worker, make_user, api_as):
+    worker = start_worker(name='knn', queues=('es2_knn',), concurrency=2)
+    admin = make_user(is_staff=True, username='ops-alice')
+    staff = api_as(admin)
+    wait_until(lambda: pool_of(worker.node) == 2, timeout=10, interval=0.3, message='pool 2 (default 3 - 1)')
+    started = time.monotonic()
+    assert staff.patch('/capacity/config/', {'es2_knn': 1, 'note': 'pause knn'}, format='json').status_code == 200
+    wait_until(lambda: staff.get('/capacity/status/').json()['queues']['es2_knn']['consumers'] == 0,
+               timeout=5, interval=0.2, message='the lane to pause')
+    assert staff.patch('/capacity/config/', {'es2_knn': 3, 'note': 'resume'}, format='json').status_code == 200
+    wait_until(lambda: staff.get('/capacity/status/').json()['queues']['es2_knn']['pool'] == 2,
+               timeout=5, interval=0.2, message='the lane to resume with 2')
+    assert time.monotonic() - started < 10
+    history = staff.get('/capacity/config/history/').json()
+    assert [(h['created_by'], h['note'], h['changes']) for h in history[:2]] == [
+        ('ops-alice', 'resume', {'es2_knn': [1, 3]}), ('ops-alice', 'pause knn', {'es2_knn': [3, 1]})]
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def flower(start_worker, tmp_path):
+    port = free_port()
+    env = {**os.environ, 'DJANGO_SETTINGS_MODULE': 'tests.settings'}
+    log = open(tmp_path / 'flower.log', 'w')
+    process = subprocess.Popen(
+        [sys.executable, '-m', 'celery', '-A', 'workers', 'flower', f'--port={port}', '--address=127.0.0.1',
+         '--basic_auth=ops:secret'], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True)
+    url = f'http://127.0.0.1:{port}'
+    try:
+        wait_until(lambda: _answers(url), timeout=30, interval=0.2, message='Flower to answer')
+        yield url
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+        log.close()
+
+
+def _answers(url):
+    try:
+        urllib.request.urlopen(url + '/healthcheck', timeout=1)
+        return True
+    except OSError:
+        return False
+
+
+def flower_knows(url, node, auth='ops:secret'):
+    request = urllib.request.Request(url + '/api/workers?refresh=1')
+    request.add_header('Authorization', 'Basic ' + base64.b64encode(auth.encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return node in response.read().decode()
+    except OSError:
+        return False
+
+
+def flower_post(url, path, auth='ops:secret'):
+    request = urllib.request.Request(url + path, method='POST', data=b'')
+    if auth:
+        request.add_header('Authorization', 'Basic ' + base64.b64encode(auth.encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as ex:
+        return ex.code
+
+
+def test_a_flower_pool_shrink_shows_as_drift_until_the_limit_changes(
+        broker, start_worker, flower, make_user, api_as, configure):
+    worker = start_worker(name='heavy', queues=('api_heavy',), concurrency=1)
+    staff = api_as(make_user(is_staff=True))
+    wait_until(lambda: staff.get('/capacity/status/').json()['queues']['api_heavy']['pool'] == 3, timeout=10,
+               interval=0.2, message='pool 3 (cluster 4 - 1)')
+    wait_until(lambda: flower_knows(flower, worker.node), timeout=20, interval=0.5, message='Flower to see it')
+    assert flower_post(flower, f'/api/worker/pool/shrink/{worker.node}?n=1', auth=None) == 401
+    assert flower_post(flower, f'/api/worker/pool/shrink/{worker.node}?n=1') == 200
+    drifted = wait_until(lambda: (lambda q: q if q['drift'] == -1 else None)(
+        staff.get('/capacity/status/').json()['queues']['api_heavy']), timeout=5, interval=0.2, message='drift')
+    assert drifted['pool'] == 2 and drifted['configured_pool'] == 3
+    assert drifted['workers'][worker.node]['drift'] == -1
+    time.sleep(1.5)  # the reconciler leaves a hand resize alone...
+    assert staff.get('/capacity/status/').json()['queues']['api_heavy']['drift'] == -1
+    configure(api_heavy={'cluster': 5, 'per_task': 2})  # ...until the configured size changes
+    wait_until(lambda: staff.get('/capacity/status/').json()['queues']['api_heavy']['pool'] == 4, timeout=5,
+               interval=0.2, message='the new size')
+    assert staff.get('/capacity/status/').json()['queues']['api_heavy']['drift'] == 0
+
+
+def test_a_scrape_while_calls_run_has_every_series_and_agrees_with_status(
+        broker, start_worker, tiny_source, make_user, api_as, client, configure):
+    from tests.integration.workers.test_queue import LONG_ROWS
+    configure(mode='shadow', per_user={'staff': 1, 'core': 1, 'early_access': 1, 'preview': 1})
+    start_worker(queues=('es2_knn',), concurrency=2)
+    user = api_as(make_user('core_user'))
+    ids = [submit(user, tiny_source, rows=LONG_ROWS, reranker=True, limit=100).json()['id'] for _ in range(3)]
+    wait_until(lambda: any(user.get(f'/tasks/{i}/').json()['state'] == 'running' for i in ids), timeout=20,
+               interval=0.05, message='a call to run')
+    status = api_as(make_user(is_staff=True)).get('/capacity/status/').json()
+    metrics = scrape(client)
+    names = {re.sub(r'\{.*', '', name) for name in metrics}
+    assert {
+        'heavy_lanes_redis_up', 'heavy_lanes_mode', 'heavy_lanes_lane_in_flight', 'heavy_lanes_lane_limit',
+        'heavy_lanes_queue_depth', 'heavy_lanes_queue_oldest_waiting_seconds', 'heavy_lanes_queue_consumers',
+        'heavy_lanes_queue_pool_processes', 'heavy_lanes_queue_pool_configured', 'heavy_lanes_decisions_total',
+        'heavy_lanes_full_lanes_total', 'heavy_lanes_lease_renewals_failed_total',
+        'heavy_lanes_leases_expired_total', 'heavy_lanes_calls_open',
+    } <= names
+    assert metrics['heavy_lanes_lane_in_flight{lane="es2_knn"}'] == status['es2_knn']['in_flight'] == 3
+    assert metrics['heavy_lanes_lane_limit{kind="bulk",lane="es2_knn"}'] == status['es2_knn']['bulk_limit']
+    assert metrics['heavy_lanes_queue_pool_processes{queue="es2_knn"}'] == status['queues']['es2_knn']['pool']
+    assert metrics['heavy_lanes_decisions_total{decision="shadow-refused",queue="es2_knn",tier="core"}'] == 2
+    assert metrics['heavy_lanes_full_lanes_total{decision="shadow-refused",lane="user",tier="core"}'] == 2
+    assert metrics['heavy_lanes_redis_up'] == 1
+    for call_id in ids:
+        wait_until(lambda: user.get(f'/tasks/{call_id}/').json()['state'] == 'succeeded', timeout=60,
+                   interval=0.2, message='calls to finish')
+    after = scrape(client)
+    assert after['heavy_lanes_calls_finished_total{queue="es2_knn",state="succeeded"}'] == 3
+    assert after['heavy_lanes_lane_in_flight{lane="es2_knn"}'] == 0

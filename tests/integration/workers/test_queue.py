@@ -1,0 +1,243 @@
+"""Heavy calls through the API onto real Celery worker processes (real Redis broker and lanes)."""
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from capacity.constants import Lane
+from capacity.keys import lane_key
+from tests.integration.workers.conftest import wait_until
+from workers.models import HeavyCall
+
+pytestmark = [pytest.mark.slow, pytest.mark.redis]
+
+ROWS = [{'name': 'high blood pressure'}, {'name': 'sugar diabetes'}, {'name': 'heart attack'}]
+
+
+def submit(client, source, rows=ROWS, semantic=True, reranker=False, headers=None, **params):
+    flags = '&'.join(f'{k}=true' for k, v in (('semantic', semantic), ('reranker', reranker)) if v)
+    return client.post(f'/concepts/$match/?{flags}', {'rows': rows, 'target_repo_url': source, **params},
+                       format='json', **(headers or {}))
+
+
+def poll(client, call_id, until=('succeeded', 'failed', 'cancelled', 'expired'), timeout=30):
+    return wait_until(lambda: (lambda r: r if r.json()['state'] in until else None)(
+        client.get(f'/tasks/{call_id}/')), timeout=timeout, message=f'task {call_id} to reach {until}')
+
+
+def log_line_of(worker, call_id):
+    """The `ocl_capacity` JSON line a worker printed for a call, or None."""
+    for text in worker.output().splitlines():
+        if text.startswith('{') and call_id in text:
+            record = json.loads(text)
+            if record.get('task_id') == call_id:
+                return record
+    return None
+
+
+def lane_has(redis_client, lane, token, *parts):
+    return redis_client.zscore(lane_key(lane, *parts), token) is not None
+
+
+def test_a_call_is_queued_then_runs_and_only_its_owner_and_staff_see_it(
+        start_worker, tiny_source, make_user, api_as, configure, lanes_redis):
+    configure(es2_knn=1)  # es2_knn pool = 1 - reserve 1 = 0: the lane is paused, calls wait
+    worker = start_worker()
+    owner = make_user()
+    client = api_as(owner)
+    response = submit(client, tiny_source)
+    assert response.status_code == 202, response.content
+    body = response.json()
+    call_id = body['id']
+    assert response['Location'] == f'/tasks/{call_id}/'
+    assert body['state'] == 'queued' and body['lane'] == 'es2_knn' and body['endpoint'] == '$match'
+    assert response['X-OCL-Capacity-Decision'] == 'shadow-refused'  # es2_knn bulk limit is 0
+
+    queued = client.get(f'/tasks/{call_id}/')
+    assert queued.json()['state'] == 'queued' and queued.json()['position'] == 1
+    assert int(queued['Retry-After']) >= 1
+    assert lane_has(lanes_redis, Lane.ES2_KNN, call_id) and lane_has(lanes_redis, Lane.USER, call_id, owner.pk)
+
+    configure(es2_knn=3)  # pool 2: the worker starts consuming again
+    done = poll(client, call_id)
+    task = done.json()
+    assert task['state'] == 'succeeded', task
+    assert 'Retry-After' not in done
+    assert task['created_at'] <= task['started_at'] <= task['finished_at']
+    results = task['result']['results']
+    assert [r['row']['name'] for r in results] == [row['name'] for row in ROWS]
+    assert results[0]['candidates'][0]['name'] == 'Hypertension'
+    assert not lane_has(lanes_redis, Lane.ES2_KNN, call_id)
+    assert not lane_has(lanes_redis, Lane.USER, call_id, owner.pk)
+
+    line = wait_until(lambda: log_line_of(worker, call_id), timeout=5, message='the call\'s log line')
+    assert line['event'] == 'ocl_capacity' and line['decision'] == 'shadow-refused'
+    assert (line['queue'], line['state'], line['user_id']) == ('es2_knn', 'succeeded', owner.pk)
+    assert line['wait_ms'] >= 0 and line['run_ms'] >= 0 and line['held_ms'] >= line['run_ms']
+
+    assert api_as(make_user()).get(f'/tasks/{call_id}/').status_code == 404
+    assert api_as(make_user()).delete(f'/tasks/{call_id}/').status_code == 404
+    assert api_as(make_user(is_staff=True)).get(f'/tasks/{call_id}/').json()['state'] == 'succeeded'
+    assert client.get('/tasks/0123456789abcdef0123456789abcdef/').status_code == 404
+
+
+LONG_ROWS = [{'name': f'high blood pressure with chest pain and fever, case {i}'} for i in range(1000)]
+
+
+def submit_long(client, source):
+    """A real call that takes a worker a second or two: 1000 rows, semantic and reranked, 100 candidates."""
+    response = submit(client, source, rows=LONG_ROWS, reranker=True, limit=100)
+    assert response.status_code == 202, response.content
+    return response.json()['id']
+
+
+def running_pid(call_id, timeout=30):
+    call = wait_until(lambda: HeavyCall.objects.filter(pk=call_id, state='running').first(), timeout=timeout,
+                      interval=0.01, message=f'{call_id} to run')
+    return int(call.worker.rsplit(' ', 1)[1])
+
+
+def holds(redis_client, call_id):
+    """How many of the call's lanes still hold an unexpired lease for it."""
+    call = HeavyCall.objects.get(pk=call_id)
+    seconds, micros = redis_client.time()
+    now_ms = seconds * 1000 + micros // 1000
+    return sum(1 for key in call.admission['keys'] if (redis_client.zscore(key, call_id) or 0) > now_ms)
+
+
+def test_a_killed_pool_process_gets_its_call_delivered_again_at_once(
+        start_worker, tiny_source, make_user, api_as, lanes_redis):
+    from django_celery_results.models import TaskResult
+    start_worker(concurrency=1)
+    client = api_as(make_user())
+    call_id = submit_long(client, tiny_source)
+    os.kill(running_pid(call_id), signal.SIGKILL)
+    task = poll(client, call_id, timeout=60).json()
+    assert task['state'] == 'succeeded'
+    call = HeavyCall.objects.get(pk=call_id)
+    assert call.attempts == 2
+    assert TaskResult.objects.filter(task_id=call_id).count() == 1
+    assert len(task['result']['results']) == 1000
+    assert holds(lanes_redis, call_id) == 0
+
+
+def test_a_killed_worker_node_frees_its_leases_and_its_call_runs_again_after_the_visibility_timeout(
+        start_worker, tiny_source, make_user, api_as, configure, lanes_redis):
+    configure(lease_seconds=15, renew_seconds=5)
+    first = start_worker(name='doomed', CELERY_VISIBILITY_TIMEOUT=8)
+    client = api_as(make_user())
+    call_id = submit_long(client, tiny_source)
+    running_pid(call_id)
+    assert holds(lanes_redis, call_id) == len(HeavyCall.objects.get(pk=call_id).admission['keys'])
+    killed_at = time.monotonic()
+    first.kill()
+    wait_until(lambda: holds(lanes_redis, call_id) == 0, timeout=17, interval=0.2, message='leases to expire')
+    assert time.monotonic() - killed_at <= 16
+    start_worker(name='rescuer', CELERY_VISIBILITY_TIMEOUT=8)
+    task = poll(client, call_id, timeout=60).json()
+    assert task['state'] == 'succeeded'
+    call = HeavyCall.objects.get(pk=call_id)
+    assert call.attempts == 2 and call.worker.startswith('rescuer@')
+    assert holds(lanes_redis, call_id) == 0
+
+
+def test_cancelling_a_queued_call_and_a_running_call(
+        start_worker, tiny_source, make_user, api_as, configure, lanes_redis):
+    configure(es2_knn=1)  # es2_knn paused: the first call waits in its queue
+    start_worker(concurrency=1)
+    client = api_as(make_user('core_user'))
+    queued = submit(client, tiny_source).json()['id']
+    assert holds(lanes_redis, queued) > 0
+    cancelled = client.delete(f'/tasks/{queued}/')
+    assert cancelled.status_code == 200 and cancelled.json()['state'] == 'cancelled'
+    assert holds(lanes_redis, queued) == 0
+    assert client.delete(f'/tasks/{queued}/').status_code == 409
+
+    configure(es2_knn=3)
+    running = submit_long(client, tiny_source)
+    running_pid(running)
+    response = client.delete(f'/tasks/{running}/')
+    assert response.status_code == 200 and response.json()['state'] == 'cancelled'
+    assert holds(lanes_redis, running) == 0
+    # The worker goes on: a new call runs, and the cancelled ones stay cancelled and never ran again.
+    after = submit(client, tiny_source).json()['id']
+    assert poll(client, after).json()['state'] == 'succeeded'
+    assert HeavyCall.objects.get(pk=queued).attempts == 0
+    assert HeavyCall.objects.get(pk=queued).state == 'cancelled'
+    assert HeavyCall.objects.get(pk=running).state == 'cancelled'
+
+
+def pool_of(node):
+    from workers.celery import app
+    stats = app.control.inspect([node], timeout=2).stats() or {}
+    return len(stats.get(node, {}).get('pool', {}).get('processes', []))
+
+
+def test_a_limit_change_resizes_a_running_workers_pool_and_zero_pauses_the_lane(
+        start_worker, tiny_source, make_user, api_as, configure, lanes_redis):
+    worker = start_worker(name='knn', queues=('es2_knn',), concurrency=1)
+    configure(es2_knn=4)  # pool 4 - 1 reserved = 3
+    wait_until(lambda: pool_of(worker.node) == 3, timeout=10, interval=0.3, message='the pool to grow to 3')
+    configure(es2_knn=2)
+    wait_until(lambda: pool_of(worker.node) == 1, timeout=10, interval=0.3, message='the pool to shrink to 1')
+    configure(es2_knn=1, mode='enforce')  # pool 0: stop consuming
+    from workers.status import get_queues
+    from capacity.config import get_current
+    wait_until(lambda: not get_queues(get_current()[1])['es2_knn']['consumers'], timeout=10, interval=0.3,
+               message='the lane to pause')
+    client = api_as(make_user())
+    refused = submit(client, tiny_source, headers={'HTTP_X_OCL_EVENT_METADATA': '{"capacity_aware": "true"}'})
+    assert refused.status_code == 429
+    assert refused['Retry-After'] == '120' and refused.json()['paused'] is True
+    assert refused.json()['scope'] == 'es2_knn'
+    queued = submit(client, tiny_source)  # an unaware client is admitted (shadow-refused) and waits
+    assert queued.status_code == 202
+    time.sleep(1.5)
+    assert client.get(f"/tasks/{queued.json()['id']}/").json()['state'] == 'queued'
+
+
+def test_with_a_lane_limit_of_two_no_more_than_two_calls_run_at_once(
+        start_worker, tiny_source, make_user, api_as, configure, lanes_redis):
+    configure(api_heavy={'cluster': 3, 'per_task': 2}, per_user={'staff': 20, 'core': 20, 'early_access': 20,
+                                                                  'preview': 20},
+              tiers={'staff': 20, 'core': 20, 'early_access': 20, 'preview': 20})
+    worker = start_worker(name='heavy', queues=('api_heavy',), concurrency=1)
+    wait_until(lambda: pool_of(worker.node) == 2, timeout=10, interval=0.3, message='the pool to grow to 2')
+    client = api_as(make_user())
+    rows = [{'name': f'chest pain {i}', 'synonyms': [f'pain in the chest {j}' for j in range(20)]} for i in range(400)]
+    ids = []
+    for _ in range(10):
+        response = client.post('/concepts/$rerank/', {'q': 'chest pain radiating to the arm', 'rows': rows},
+                               format='json')
+        assert response.status_code == 202, response.content
+        ids.append(response.json()['id'])
+    for call_id in ids:
+        assert poll(client, call_id, timeout=120).json()['state'] == 'succeeded'
+    calls = HeavyCall.objects.filter(pk__in=ids)
+    events = sorted([(c.started_at, 1) for c in calls] + [(c.finished_at, -1) for c in calls])
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    assert peak <= 2
+    assert peak == 2  # the lane was used to its limit
+    assert all(holds(lanes_redis, call_id) == 0 for call_id in ids)
+
+
+def test_an_expired_call_ends_expired_and_never_runs(
+        start_worker, tiny_source, make_user, api_as, configure, lanes_redis):
+    configure(es2_knn=1, lease_seconds=15, renew_seconds=5,
+              queue={'deadline_seconds': 15, 'max_waiting': {'interactive': 0, 'es2_knn': 0, 'api_heavy': 0}})
+    start_worker(concurrency=1)
+    client = api_as(make_user())
+    call_id = submit(client, tiny_source).json()['id']
+    time.sleep(15.2)
+    task = client.get(f'/tasks/{call_id}/').json()
+    assert task['state'] == 'expired' and task['started_at'] is None
+    assert holds(lanes_redis, call_id) == 0
+    configure(es2_knn=3)  # the worker now receives the message, after its deadline
+    time.sleep(2)
+    call = HeavyCall.objects.get(pk=call_id)
+    assert call.state == 'expired' and call.attempts == 0
