@@ -119,6 +119,7 @@ SPECTACULAR_SETTINGS = {
     'TITLE': 'Heavy Lanes API',
     'DESCRIPTION': 'Heavy calls admitted through lease lanes and run on per-lane Celery queues.',
     'VERSION': '1.0.0',
+    'POSTPROCESSING_HOOKS': ['drf_spectacular.hooks.postprocess_schema_enums', 'api.schema.restore_dollar_paths'],
 }
 
 # --- Tiers: a user's highest plan, from is_staff and these groups (highest first after staff).
