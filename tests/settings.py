@@ -12,7 +12,14 @@ os.environ.setdefault('HEAVY_LANES_VAR_DIR', tempfile.mkdtemp(prefix='heavy-lane
 os.environ.setdefault('REDIS_URL', os.environ.get('HEAVY_LANES_TEST_REDIS_URL', 'redis://127.0.0.1:6379/13'))
 os.environ.setdefault('CELERY_BROKER_URL', os.environ.get('HEAVY_LANES_TEST_BROKER_URL', 'redis://127.0.0.1:6379/14'))
 
+# Every test run (and the workers it starts) puts its broker keys under a prefix of its own, so two runs on
+# one machine (a developer's and CI's) never take each other's messages.
+os.environ.setdefault('HEAVY_LANES_TEST_RUN_ID', os.urandom(4).hex())
+
 from api.settings import *  # noqa: E402,F401,F403
+
+CELERY_BROKER_TRANSPORT_OPTIONS = {**CELERY_BROKER_TRANSPORT_OPTIONS,
+                                   'global_keyprefix': f'hltest-{os.environ["HEAVY_LANES_TEST_RUN_ID"]}:'}
 
 if os.environ.get('HEAVY_LANES_TEST_ON_POSTGRES') == '1':
     # The second pass of `make test`: the tests marked `postgres` run with PostgreSQL as the database.
@@ -21,7 +28,7 @@ if os.environ.get('HEAVY_LANES_TEST_ON_POSTGRES') == '1':
     DATABASES = {'default': dj_database_url.parse(
         os.environ.get('HEAVY_LANES_TEST_DATABASE_URL', 'postgres://postgres@127.0.0.1:5432/test'))}
 
-CAPACITY_TASK_ID = 'test-host'
+CAPACITY_TASK_ID = os.environ.get('CAPACITY_TASK_ID') or 'test-host'
 # A file, not memory, so worker processes started by the tests open the same test database.
 DATABASES['default']['TEST'] = {'NAME': os.path.join(os.environ['HEAVY_LANES_VAR_DIR'], 'test-db.sqlite3')}
 if os.environ.get('HEAVY_LANES_WORKER_DB'):

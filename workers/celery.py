@@ -8,18 +8,24 @@ import sys
 
 import django
 from celery import Celery
+from django.apps import apps
 from django.conf import settings
 from kombu import Exchange, Queue
 
 os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'api.settings')
-django.setup()
+if not apps.ready and not apps.loading:
+    django.setup()  # a Celery command imports this first; in Django processes WorkersConfig.ready() does
 
 from workers.lanes import LANES  # noqa: E402
 
 app = Celery('heavy_lanes')
 app.config_from_object('django.conf:settings', namespace='CELERY')
-# Each lane's queue has its own exchange and routing key, so nothing published by key reaches another lane.
-app.conf.task_queues = [Queue(name, Exchange(name), routing_key=name) for name in LANES]
+# The anonymous exchange with the queue's name as routing key: the Redis transport then pushes a message
+# straight onto that queue's list. A named exchange would route through bindings kept in Redis, and a
+# message published while they are missing (a fresh or flushed Redis, before any worker declared them)
+# would be dropped: an admitted call must never vanish.
+ANON = Exchange('', type='direct')
+app.conf.task_queues = [Queue(name, ANON, routing_key=name) for name in LANES]
 app.conf.task_default_queue = next(iter(LANES))
 app.conf.task_create_missing_queues = False
 

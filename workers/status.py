@@ -38,8 +38,10 @@ def client_for(url):
 
 
 def priority_lists(queue):
-    steps = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get('priority_steps', [0, 3, 6, 9])
-    return [queue if step == 0 else f'{queue}{PRIORITY_SEPARATOR}{step}' for step in steps]
+    options = settings.CELERY_BROKER_TRANSPORT_OPTIONS
+    steps = options.get('priority_steps', [0, 3, 6, 9])
+    prefix = options.get('global_keyprefix', '')
+    return [prefix + (queue if step == 0 else f'{queue}{PRIORITY_SEPARATOR}{step}') for step in steps]
 
 
 def depth(queue):

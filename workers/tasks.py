@@ -1,10 +1,11 @@
 """Celery tasks: thin wrappers around workers.execution, plus the worker's main-process signals."""
 import logging
 
-from celery import Task, shared_task
+from celery import Task
 from celery.signals import task_revoked
 
 from workers import execution
+from workers.celery import app
 from workers.models import State
 
 logger = logging.getLogger('heavy_lanes')
@@ -16,7 +17,7 @@ class HeavyCallTask(Task):
         execution.succeed(task_id)
 
 
-@shared_task(name='heavy_lanes.run_heavy_call', bind=True, base=HeavyCallTask, acks_late=True,
+@app.task(name='heavy_lanes.run_heavy_call', bind=True, base=HeavyCallTask, acks_late=True,
              reject_on_worker_lost=True)
 def run_heavy_call(self, call_id):
     """Run one admitted heavy call (its id is the Celery task id and the lease token)."""

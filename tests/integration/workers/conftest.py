@@ -84,9 +84,15 @@ def broker():
     except redis.RedisError as ex:
         from tests.conftest import missing_service
         missing_service(f'no broker Redis at {settings.CELERY_BROKER_URL}: {ex}')
-    client.flushdb()
+    prefix = settings.CELERY_BROKER_TRANSPORT_OPTIONS['global_keyprefix']
+
+    def clean():
+        # Only this run's keys: another test run may share the broker database.
+        for key in client.scan_iter(match=prefix + '*', count=1000):
+            client.delete(key)
+    clean()
     yield client
-    client.flushdb()
+    clean()
     client.close()
 
 

@@ -1,0 +1,23 @@
+"""Every Django process publishes through the configured Celery app, not Celery's default one."""
+import subprocess
+import sys
+
+from tests.unit.security.test_production import ROOT
+
+PROBE = """
+import django
+django.setup()
+from workers.tasks import run_heavy_call
+app = run_heavy_call.app
+print(app.main, app.conf.task_publish_retry_policy['max_retries'], app.conf.accept_content,
+      app.conf.broker_transport_options['visibility_timeout'])
+"""
+
+
+def test_a_plain_django_process_publishes_through_the_configured_app():
+    # A fresh process, as gunicorn starts one: nothing but django.setup() has run.
+    result = subprocess.run([sys.executable, '-c', PROBE], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                            env={'PATH': '/usr/bin:/bin', 'DJANGO_SETTINGS_MODULE': 'api.settings',
+                                 'HEAVY_LANES_VAR_DIR': '/tmp/heavy-lanes-probe'})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ['heavy_lanes', '1', "['json']", '3600']
