@@ -10,10 +10,10 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework import serializers, status
 from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.response import Response
-from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
 from api import errors, prefer
+from api.throttles import HeavyRateThrottle
 from capacity.caller import parse_event_metadata
 from capacity.config import get_config
 from capacity.constants import MATCH, RERANK
@@ -127,7 +127,7 @@ class HeavyCallView(APIView):
         return []
 
     def check_rate_limits(self):
-        for throttle in (ScopedRateThrottle(),):
+        for throttle in (HeavyRateThrottle(),):
             if not throttle.allow_request(self.request, self):
                 self.throttled(self.request, throttle.wait())
 

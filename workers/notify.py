@@ -28,7 +28,7 @@ def get_client():
     if _client is None:
         with _lock:
             if _client is None:
-                _client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=2)
+                _client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1)
     return _client
 
 

@@ -4,9 +4,9 @@ import json
 import threading
 
 import pytest
-from rest_framework.throttling import ScopedRateThrottle
 
 from api.models import UsageEvent
+from api.throttles import HeavyRateThrottle
 from capacity.constants import Lane
 from capacity.keys import lane_key
 from tests.integration.workers.conftest import wait_until
@@ -114,7 +114,7 @@ def test_enforce_lets_the_waiting_room_fill_then_refuses(broker, lanes_redis, ti
 
 def test_a_capacity_refusal_costs_no_rate_limit_allowance_and_no_usage(
         broker, lanes_redis, tiny_source, make_user, api_as, configure, monkeypatch):
-    monkeypatch.setitem(ScopedRateThrottle.THROTTLE_RATES, 'heavy', '2/min')
+    monkeypatch.setitem(HeavyRateThrottle.THROTTLE_RATES, 'heavy', '2/min')
     from django.core.cache import cache
     cache.clear()
     configure(mode='enforce', enforce_for='all', per_user={**MANY, 'preview': 0})
@@ -131,6 +131,15 @@ def test_a_capacity_refusal_costs_no_rate_limit_allowance_and_no_usage(
     assert 'scope' not in limited
     assert UsageEvent.objects.filter(user=user).count() == 2
     assert user_leases(lanes_redis, user) == 2  # the rate-limited call took no lease either
+
+
+def test_a_broken_rate_limit_cache_lets_the_call_through(
+        broker, lanes_redis, tiny_source, make_user, api_as, settings):
+    # A cache whose Redis refuses connections (nothing listens on the discard port).
+    settings.CACHES = {'default': {'BACKEND': 'django.core.cache.backends.redis.RedisCache',
+                                   'LOCATION': 'redis://127.0.0.1:9/0'}}
+    response = match(api_as(make_user()), tiny_source)
+    assert response.status_code == 202
 
 
 def test_prefer_wait_holds_this_hosts_lane_while_it_waits_then_answers_with_the_handle(
