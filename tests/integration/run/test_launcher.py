@@ -9,6 +9,7 @@ import base64
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -167,6 +168,17 @@ def check_serving(launch):
     return tokens
 
 
+def check_printed_client_command(launch):
+    """The client command the banner prints completes a 50-row semantic match, no row failed."""
+    line = next(line.strip() for line in launch.output().splitlines() if 'heavy_lanes_client match' in line)
+    command = shlex.split(line)
+    assert command[:3] == ['.venv/bin/python', '-m', 'heavy_lanes_client'] and '--semantic' in command
+    result = subprocess.run([sys.executable, *command[1:], '--no-progress'], cwd=ROOT, capture_output=True,
+                            text=True, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r'\b50\b', result.stdout + result.stderr)
+
+
 def check_stopped(launch, code):
     assert code == 0, launch.output()
     assert 'Stopped everything' in launch.output()
@@ -182,6 +194,7 @@ def test_a_second_start_reuses_the_database_and_ctrl_c_leaves_nothing_running(tm
     launches.append(first)
     first.start().wait_ready()
     first_tokens = check_serving(first)
+    check_printed_client_command(first)
     check_stopped(first, first.interrupt())
 
     second = Launch(var_dir, tmp_path / 'second.out', HEAVY_LANES_RUN_REDIS='embedded')
