@@ -1,6 +1,4 @@
 """Fixtures for gate tests: the lane store on each backend, a fresh config cache, captured log lines."""
-from unittest import mock
-
 import pytest
 
 from capacity.config import clear_cache, save_config
@@ -18,15 +16,18 @@ def lanes(redis_client, db):
     clear_cache()
 
 
-@pytest.fixture
-def lines():
-    """The `ocl_capacity_config` lines the config would print (silenced and captured)."""
-    with mock.patch('capacity.config.emit') as emit:
-        yield emit
+@pytest.fixture(autouse=True)
+def config_lines(monkeypatch):
+    """The ocl_capacity_config lines, captured instead of written; a cold cache before and after."""
+    lines = []
+    monkeypatch.setattr('capacity.config.emit', lines.append)
+    clear_cache()
+    yield lines
+    clear_cache()
 
 
 @pytest.fixture
-def configure(lines):
+def configure(config_lines):
     def configure(**changes):
         save_config(changes)
     return configure

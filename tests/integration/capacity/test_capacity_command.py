@@ -5,19 +5,10 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from capacity.config import clear_cache, get_defaults
+from capacity.config import get_defaults
 from capacity.models import CapacityConfig
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def config_lines(monkeypatch):
-    lines = []
-    monkeypatch.setattr('capacity.config.emit', lines.append)
-    clear_cache()
-    yield lines
-    clear_cache()
 
 
 def capacity(*args):

@@ -12,21 +12,12 @@ import psycopg
 import pytest
 from django.db import connection
 
-from capacity.config import clear_cache, get_config, get_defaults, save_config
+from capacity.config import get_config, get_defaults, save_config
 from capacity.constants import ADVISORY_LOCK_ID
 from capacity.models import CapacityConfig
 from tests.conftest import missing_service
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture(autouse=True)
-def config_lines(monkeypatch):
-    lines = []
-    monkeypatch.setattr('capacity.config.emit', lines.append)
-    clear_cache()
-    yield lines
-    clear_cache()
 
 
 @pytest.fixture

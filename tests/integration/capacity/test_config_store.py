@@ -12,16 +12,6 @@ from capacity.models import CapacityConfig
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture(autouse=True)
-def config_lines(monkeypatch):
-    """The ocl_capacity_config lines, captured instead of written; a cold cache before and after."""
-    lines = []
-    monkeypatch.setattr('capacity.config.emit', lines.append)
-    clear_cache()
-    yield lines
-    clear_cache()
-
-
 def test_save_config_adds_a_version_with_its_history(make_user, config_lines):
     staff = make_user(username='ada', is_staff=True)
     assert get_config()['mode'] == 'shadow'  # cached before the change

@@ -5,22 +5,13 @@ import pytest
 from django.urls import reverse
 from rest_framework.test import APIClient
 
-from capacity.config import clear_cache, get_config, get_defaults, merge
+from capacity.config import get_config, get_defaults, merge
 from capacity.models import CapacityConfig
 
 pytestmark = pytest.mark.django_db
 
 CONFIG_URL = '/capacity/config/'
 HISTORY_URL = '/capacity/config/history/'
-
-
-@pytest.fixture(autouse=True)
-def config_lines(monkeypatch):
-    lines = []
-    monkeypatch.setattr('capacity.config.emit', lines.append)
-    clear_cache()
-    yield lines
-    clear_cache()
 
 
 def client_for(user=None):
