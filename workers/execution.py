@@ -18,6 +18,7 @@ import time
 from django.db.models import F
 from django.utils import timezone
 
+from capacity import failopen
 from capacity.config import get_config
 from capacity.lease import Lease, LeaseRenewer
 from capacity.logs import emit
@@ -33,8 +34,9 @@ class CallGone(Exception):
     """The call's row never appeared: the submission that published it didn't commit."""
 
 
-def load(call_id, wait=ROW_WAIT_SECONDS):
-    deadline = time.monotonic() + wait
+def load(call_id, wait=None):
+    """The call's row, waiting up to ROW_WAIT_SECONDS for the API's commit; None if it never comes."""
+    deadline = time.monotonic() + (ROW_WAIT_SECONDS if wait is None else wait)
     while True:
         call = HeavyCall.objects.filter(pk=call_id).first()
         if call is not None or time.monotonic() >= deadline:
@@ -84,10 +86,7 @@ def run(call_id, perform=None, worker=''):
         # The earlier delivery stored its result and died before recording success: don't run it twice.
         release(call, lease)
         return json.loads(earlier)
-    renewer = None
-    if lease.holding and not lease.lease_lost:
-        renewer = LeaseRenewer(lease, config['renew_seconds'], config['max_hold_seconds'])
-        renewer.start()
+    renewer = start_renewer(lease, config)
     try:
         return perform(call)
     except Exception as ex:
@@ -96,6 +95,23 @@ def run(call_id, perform=None, worker=''):
         raise
     finally:
         release(call, lease, renewer)
+
+
+def start_renewer(lease, config):
+    """Renew the leases every renew_seconds while the call runs; None if there is nothing to renew.
+
+    A renewer that can't start (no thread to be had) never stops the call: it runs on, and its leases
+    expire lease_seconds after the renewal at its start.
+    """
+    if not lease.holding or lease.lease_lost:
+        return None
+    renewer = LeaseRenewer(lease, config['renew_seconds'], config['max_hold_seconds'])
+    try:
+        renewer.start()
+    except Exception as ex:  # noqa: BLE001 - fail open, like every limiter error
+        failopen.record(lease, ex, 'renewer start')
+        return None
+    return renewer
 
 
 def release(call, lease, renewer=None):

@@ -285,3 +285,38 @@ def test_the_log_record(make_user, gates, settings):
         'es2_knn_limit': None, 'tier_in_flight': 2, 'tier_limit': 2, 'user_in_flight': 2, 'user_limit': 1,
         'suggested': 1, 'retry_after': 5, 'error': None, 'host': 'host-a', 'request_source': 'automatch',
         'algorithm_id': 'a' * 100, 'automatch_run_id': 'r' * 20, 'cid': None, 'task_id': gate.token}
+
+
+def test_status(make_user, gates, settings):
+    from capacity.status import get_status
+    from capacity.config import get_config
+    preview, core = make_user(), make_user('core_user')
+    gates(preview)  # semantic
+    settings.CAPACITY_TASK_ID = 'task-a'
+    gates(core, semantic=False, reranker=True, waits=True)
+    status = get_status(get_config())
+    status.pop('queues', None)
+    assert status == {
+        'mode': 'shadow', 'enforce_for': 'aware', 'redis': 'ok',
+        'api_heavy': {'in_flight': 2, 'limit': 4, 'bulk_limit': 3},
+        'es2_knn': {'in_flight': 1, 'limit': 3, 'bulk_limit': 2},
+        'tasks': {'task-a': {'in_flight': 1, 'limit': 2}},
+        'tiers': {'staff': {'in_flight': 0, 'limit': 4}, 'core': {'in_flight': 1, 'limit': 4},
+                  'early_access': {'in_flight': 0, 'limit': 3}, 'preview': {'in_flight': 1, 'limit': 2}},
+        'users': {str(preview.pk): {'in_flight': 1}, str(core.pk): {'in_flight': 1}},
+        'leases_expired_total': 0,
+    }
+    with mock.patch.object(RedisLanes, 'find_keys', side_effect=redis.ConnectionError('down')):
+        broken = get_status(get_config())
+    assert broken['redis'] == 'ConnectionError: down' and 'api_heavy' not in broken
+
+
+def test_the_command_shows_the_status(make_user, gates):
+    import json as json_module
+    from io import StringIO
+
+    from django.core.management import call_command
+    gates(make_user())
+    out = StringIO()
+    call_command('capacity', 'status', stdout=out)
+    assert json_module.loads(out.getvalue())['api_heavy']['in_flight'] == 1
