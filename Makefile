@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-ml venv migrate clean
+.PHONY: run test test-ml venv migrate clean bench
 
 $(STAMP): requirements/base.txt requirements/dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,20 @@ test: $(STAMP)
 test-ml: $(STAMP)
 	$(PY) -m pip install -q -r requirements/ml.txt
 	$(PY) -m pytest -m ml $(PYTEST_ARGS)
+
+# Every benchmark in turn (docs/benchmarks.md), each against its own private Redis (and, from submission on,
+# its own stack: PostgreSQL database heavy_lanes_bench, gunicorn, lane workers). Results: bench/out/*.json.
+# Needs PostgreSQL on 127.0.0.1:5432 (trust auth, user postgres), redis-server and wrk (installed here if root).
+bench: $(STAMP)
+	@command -v wrk >/dev/null 2>&1 || { if [ "$$(id -u)" = 0 ]; then \
+		apt-get install -y -q wrk || { apt-get update -q && apt-get install -y -q wrk; }; \
+	else echo 'wrk is missing: apt-get install -y wrk (as root)' >&2; exit 1; fi; }
+	$(PY) bench/stack.py --with-redis -- $(PY) bench/admission.py --redis '{redis}'
+	$(PY) bench/submission.py
+	$(PY) bench/roundtrip.py
+	$(PY) bench/work.py
+	$(PY) bench/saturation.py
+	$(PY) bench/quality.py
 
 clean:
 	rm -rf $(VENV) var

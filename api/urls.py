@@ -1,4 +1,5 @@
 """Root URLs: the public HTTP contract (docs/api.md, and the OpenAPI schema at /schema/)."""
+from django.conf import settings
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 
@@ -14,3 +15,6 @@ urlpatterns = [
     path('schema/', SpectacularAPIView.as_view(), name='schema'),
     path('', include('concepts.urls')),
 ]
+
+# Benchmark floors (api/bench_views.py): only with HEAVY_LANES_BENCH_VIEWS, which production never has.
+urlpatterns += [path('bench/', include('api.bench_views'))] if settings.HEAVY_LANES_BENCH_VIEWS else []

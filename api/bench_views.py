@@ -1,0 +1,126 @@
+"""Benchmark floors: bare views on the real API server that the heavy calls are measured against.
+
+Mounted under /bench/ only when settings.HEAVY_LANES_BENCH_VIEWS is on (never in production); the bench
+stack (bench/stack.py) turns it on and starts the lane workers with `--include api.bench_views`, so they
+register `bench_match` too.
+
+- `POST /bench/submit/` — the submission floor (bench/submission.py): DRF token authentication, the JSON
+  body parsed, a 202 with a handle-shaped body and a Location header. No validation, gate, rate limit,
+  row, metering or enqueue.
+- `POST /bench/roundtrip/?semantic=true[&interval=0.005]` — the round-trip floor (bench/roundtrip.py): the
+  same body as `$match`, validated by the same function, then `bench_match.apply_async(...).get()` on the
+  lane queue the heavy call would use, the same broker, workers and result backend (django-db). `interval`
+  is the seconds between `.get()`'s polls of the result backend (Celery's default: 0.5). Answers 200 with
+  the result.
+
+`bench_match` does the heavy call's domain work (concepts.services.run_match, which validates again as
+the heavy call's worker does) without the heavy call's plumbing: no lease renewal or release, no call row,
+no completion notice.
+
+Experiment, off unless HEAVY_LANES_BENCH_PROJECTION_FIX=1 (bench/work.py and bench/roundtrip.py
+--projection-fix): any process that imports this module then runs TfidfSvdEmbedder.embed as the fix
+proposed in docs/benchmarks.md would (the SVD projection made C-contiguous once, instead of
+TruncatedSVD.transform copying its 256 x 56,020 components on every call), so the benchmarks can show
+what the fix is worth before it is made. Same results (to float32 rounding).
+
+Experiment, off unless HEAVY_LANES_BENCH_DB_REUSE=1 (bench/roundtrip.py --db-reuse): a worker that imports
+this module keeps its database connections between tasks (closing only unusable or obsolete ones, by
+CONN_MAX_AGE), as the proposed `CELERY_DB_REUSE_MAX` setting would, instead of Celery's Django fixup closing
+every connection before and after every task.
+"""
+import os
+import uuid
+
+from django.urls import path
+from django.utils import timezone
+from rest_framework import status
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from capacity.constants import MATCH
+from workers.celery import app  # the workers' Celery app: the same broker, result backend and queues
+from workers.lanes import route
+
+TRUTHY = ('true', '1', 'yes', 'on')
+DEFAULT_INTERVAL = 0.5  # Celery's AsyncResult.get() default
+GET_TIMEOUT = 60
+
+
+@app.task(name='heavy_lanes.bench.match')
+def bench_match(body, semantic, reranker):
+    """The `$match` domain work alone."""
+    from concepts import services
+    return services.run_match(body, semantic=semantic, reranker=reranker)
+
+
+class BareSubmitView(APIView):
+    """Authenticate, parse, answer 202: what any submission costs before Heavy Lanes does anything."""
+
+    permission_classes = (IsAuthenticated,)
+
+    def post(self, request):
+        rows = len(request.data.get('rows') or []) if isinstance(request.data, dict) else 0
+        call_id = uuid.uuid4().hex
+        url = f'/tasks/{call_id}/'
+        return Response({'id': call_id, 'state': 'queued', 'endpoint': MATCH, 'lane': route(MATCH, max(rows, 1), True),
+                         'url': url, 'created_at': timezone.now()},
+                        status=status.HTTP_202_ACCEPTED, headers={'Location': url})
+
+
+class BareRoundTripView(APIView):
+    """Validate a `$match` body, run its domain work on the lane's queue with apply_async().get()."""
+
+    permission_classes = (IsAuthenticated,)
+
+    def post(self, request):
+        from concepts import services
+        body = services.validate_match_body(request.data)
+        semantic = request.query_params.get('semantic', '').lower() in TRUTHY
+        reranker = request.query_params.get('reranker', '').lower() in TRUTHY
+        interval = float(request.query_params.get('interval', DEFAULT_INTERVAL))
+        queue = route(MATCH, len(body['rows']), semantic)
+        result = bench_match.apply_async(args=[body, semantic, reranker], queue=queue).get(
+            timeout=GET_TIMEOUT, interval=interval)
+        return Response({'state': 'succeeded', 'result': result})
+
+
+def simulate_projection_fix():
+    """Patch TfidfSvdEmbedder.embed in this process with the proposed fix (see the module docstring)."""
+    import numpy as np
+
+    from concepts.matching import embedders
+    from concepts.matching.text import normalize
+
+    def embed(self, texts):
+        projection = self.__dict__.get('_bench_projection')
+        if projection is None:
+            # TruncatedSVD.transform(X) is X @ components_.T; scipy copies a non-contiguous right-hand side.
+            projection = self._bench_projection = np.ascontiguousarray(self.svd.components_.T)
+        matrix = self.vectorizer.transform([normalize(text) for text in texts])
+        return embedders.l2_normalize(matrix @ projection)
+
+    embedders.TfidfSvdEmbedder.embed = embed
+
+
+def simulate_db_reuse():
+    """Patch Celery's Django worker fixup in this process to keep usable connections (see the docstring)."""
+    from celery.fixups.django import DjangoWorkerFixup
+
+    def close_database(self, **kwargs):
+        for connection in self._db.connections.all(initialized_only=True):
+            connection.close_if_unusable_or_obsolete()
+
+    DjangoWorkerFixup.close_database = close_database
+
+
+if os.environ.get('HEAVY_LANES_BENCH_PROJECTION_FIX') == '1':
+    simulate_projection_fix()
+if os.environ.get('HEAVY_LANES_BENCH_DB_REUSE') == '1':
+    simulate_db_reuse()
+
+
+urlpatterns = [
+    path('submit/', BareSubmitView.as_view(), name='bench-submit'),
+    path('roundtrip/', BareRoundTripView.as_view(), name='bench-roundtrip'),
+]

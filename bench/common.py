@@ -1,0 +1,50 @@
+"""Shared helpers for the benchmarks: a private Django setup, timing statistics, and result files.
+
+Benchmarks measure a thing and its floor side by side in one run and report ratios, because absolute
+times on a shared 2-core machine are noisy. Each script writes its numbers to bench/out/<name>.json.
+"""
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / 'bench' / 'out'
+sys.path.insert(0, str(ROOT))
+
+
+def setup_django(redis_url='redis://127.0.0.1:6379/12', prefix='hlbench'):
+    """Django on a private SQLite in a temp dir, the lanes on `redis_url` under `prefix`, migrated."""
+    var = tempfile.mkdtemp(prefix='heavy-lanes-bench-')
+    os.environ.update({'HEAVY_LANES_VAR_DIR': var, 'REDIS_URL': redis_url, 'CAPACITY_KEY_PREFIX': prefix,
+                       'DJANGO_SETTINGS_MODULE': 'api.settings', 'CAPACITY_CONFIG_CACHE_SECONDS': '60'})
+    import django
+    django.setup()
+    from django.core.management import call_command
+    call_command('migrate', verbosity=0)
+    return var
+
+
+def stats_us(samples_s):
+    """Median, p99 and mean of a list of durations in seconds, as microseconds."""
+    ordered = sorted(samples_s)
+    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    return {'median_us': round(statistics.median(ordered) * 1e6, 1), 'p99_us': round(p99 * 1e6, 1),
+            'mean_us': round(statistics.fmean(ordered) * 1e6, 1), 'n': len(ordered)}
+
+
+def timed(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def write(name, data):
+    OUT.mkdir(parents=True, exist_ok=True)
+    data = {'benchmark': name, 'command': ' '.join([os.path.relpath(sys.executable, ROOT), *sys.argv]),
+            'when': time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()), **data}
+    (OUT / f'{name}.json').write_text(json.dumps(data, indent=2) + '\n')
+    return data

@@ -1,0 +1,471 @@
+"""A private Heavy Lanes stack for the benchmarks, started and stopped by one object.
+
+    with Stack(api_workers=3, lanes={'interactive': 1}) as stack:   # or stack.start() ... stack.stop()
+        stack.url, stack.token('core'), stack.redis, stack.set_config(mode='enforce', ...)
+
+What it starts, each child the leader of its own process group (logs in bench/out/stack/log/):
+1. its own `redis-server` on a free loopback port, no persistence: the lanes, the broker and the cache;
+2. its own PostgreSQL database (`heavy_lanes_bench` on 127.0.0.1:5432, trust auth, user postgres), dropped
+   and created anew, then `migrate`, `load_terminology <name>`, `create_demo_users` (in a child process);
+3. gunicorn `api.wsgi` with N sync workers on a free port (access log on, as in production), and
+4. one Celery worker per lane queue (`celery -A workers worker -Q <queue> -n <queue>@%h -P prefork -c 1`),
+   whose pool the workers' own reconciler then sizes from the capacity config.
+
+Settings are production-like where they matter for speed: DEBUG off, persistent database connections
+(DATABASE_CONN_MAX_AGE=60, as docker-compose sets). Two are changed for the benchmarks and stated in
+docs/benchmarks.md: the capacity config cache and the pool reconciler refresh every second (so a
+benchmark's config change applies within 1.5 s), and the heavy rate limit is `HEAVY_RATE_LIMIT` (default
+here 100000/s: never throttles, while DRF's per-user history stays about as long as production's 600/min).
+HEAVY_LANES_BENCH_VIEWS=true adds the floor views of api/bench_views.py under /bench/.
+
+The match indexes are built once into bench/out/stack/var/indexes/ and reused while the terminology is
+unchanged (they are keyed by its checksum). `stop()` stops the API and the workers, then Redis, and drops
+the database; it runs from `with`, atexit, and on SIGTERM/SIGINT. One stack at a time (a lock file).
+
+    .venv/bin/python bench/stack.py [--api-workers 3] [--terminology hpo]   # start, print, wait for Ctrl-C
+    .venv/bin/python bench/stack.py --with-redis -- CMD ... {redis} ...      # CMD with a private Redis only
+"""
+import argparse
+import atexit
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from api.run import Child, free_port, http_get, tail  # noqa: E402  (no Django at import)
+
+HOME = ROOT / 'bench' / 'out' / 'stack'
+PG_ADMIN_URL = os.environ.get('BENCH_PG_ADMIN_URL', 'postgresql://postgres@127.0.0.1:5432/postgres')
+DB_NAME = os.environ.get('BENCH_DB_NAME', 'heavy_lanes_bench')
+QUEUES = ('interactive', 'es2_knn', 'api_heavy')
+SOURCES = {'hpo': '/orgs/HPO/sources/HPO/', 'tiny': '/orgs/HL/sources/TinyClinical/'}
+STOP_SECONDS = 10
+READY_SECONDS = 120
+CONFIG_SECONDS = 1  # CAPACITY_CONFIG_CACHE_SECONDS and WORKERS_RECONCILE_SECONDS of the stack
+
+
+class StackError(RuntimeError):
+    pass
+
+
+def db_url(name=DB_NAME):
+    return PG_ADMIN_URL.rsplit('/', 1)[0] + '/' + name
+
+
+def _admin(sql):
+    import psycopg
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5) as connection:
+        connection.execute(sql)
+
+
+class Stack:
+    def __init__(self, api_workers=3, lanes=None, terminology='hpo', config=None, env=None,
+                 bench_views=True, quiet=False):
+        """`lanes`: {queue: pool size} of the lane workers to start (default: one worker per queue, pools
+        from the default config); `config`: capacity config changes saved before anything starts."""
+        self.api_workers = api_workers
+        self.lanes = dict(lanes) if lanes is not None else {queue: None for queue in QUEUES}
+        self.terminology = terminology
+        self.initial_config = config or {}
+        self.extra_env = env or {}
+        self.bench_views = bench_views
+        self.quiet = quiet
+        self.var = HOME / 'var'
+        self.logs = HOME / 'log'
+        self.children = {}
+        self.env = None
+        self.port = None
+        self.redis_url = None
+        self._redis = None
+        self._lock = None
+        self._db_created = False
+        self._stopped = False
+        self.timings = {}
+
+    # --- public -------------------------------------------------------------------------------------------
+
+    @property
+    def url(self):
+        return f'http://127.0.0.1:{self.port}'
+
+    @property
+    def source(self):
+        return SOURCES[self.terminology]
+
+    @property
+    def redis(self):
+        import redis
+        if self._redis is None:
+            self._redis = redis.Redis.from_url(self.redis_url)
+        return self._redis
+
+    def tokens(self):
+        return json.loads((self.var / 'demo-tokens.json').read_text())
+
+    def token(self, tier='core'):
+        return next(row['token'] for row in self.tokens()['tokens'] if row['tier'] == tier)
+
+    def say(self, message):
+        if not self.quiet:
+            print(f'[stack] {message}', flush=True)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+    def start(self):
+        started = time.monotonic()
+        self._take_lock()
+        atexit.register(self.stop)
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, lambda number, frame: sys.exit(128 + number))
+        try:
+            self.logs.mkdir(parents=True, exist_ok=True)
+            self._start_redis()
+            self._prepare()
+            self.django()
+            if self.initial_config:
+                self.set_config(wait=False, **self.initial_config)
+            self._start_api()
+            self._start_workers()
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        self.timings['start_seconds'] = round(time.monotonic() - started, 1)
+        self.say(f'ready in {self.timings["start_seconds"]} s: API {self.url} ({self.api_workers} sync workers), '
+                 f'Redis {self.redis_url}, database {DB_NAME}, lanes {self.pools()}')
+        return self
+
+    def stop(self):
+        if self._stopped:
+            return
+        self._stopped = True
+        others = [child for name, child in reversed(list(self.children.items())) if name != 'redis']
+        _stop_children(others)
+        if 'redis' in self.children:
+            _stop_children([self.children['redis']])
+        left = [child.name for child in self.children.values() if child.group_alive()]
+        if left:
+            print(f'[stack] could not stop: {", ".join(left)}', file=sys.stderr)
+        if self._db_created:
+            try:
+                from django.db import connections
+                connections.close_all()
+            except Exception:  # noqa: BLE001 - Django may not be set up in this process
+                pass
+            try:
+                _admin(f'DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)')
+            except Exception as ex:  # noqa: BLE001
+                print(f'[stack] could not drop {DB_NAME}: {ex}', file=sys.stderr)
+        if self._lock is not None:
+            self._lock.close()
+        self.say('stopped')
+
+    def django(self):
+        """Set up Django in this process against the stack (same database, Redis and key prefix)."""
+        import django
+        os.environ.update(self.env)
+        django.setup()
+
+    def set_config(self, wait=True, note='benchmark', **changes):
+        """Save capacity config changes (nested dicts); with `wait`, until every process has seen them."""
+        from capacity.config import clear_cache, save_config
+        save_config(changes, note=note)
+        clear_cache()
+        if wait:
+            time.sleep(CONFIG_SECONDS + 0.5)
+
+    def pools(self):
+        """{queue: pool processes} as each lane worker last published (workers.pool)."""
+        from workers.pool import read_pools
+        return {queue: sum(pool.get('processes', 0) for pool in read_pools(self.redis, queue).values())
+                for queue in self.lanes}
+
+    def wait_pools(self, wanted, timeout=30):
+        """Wait until each lane's pool has the wanted number of processes ({queue: n})."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            have = self.pools()
+            if all(have.get(queue) == n for queue, n in wanted.items()):
+                return have
+            time.sleep(0.2)
+        raise StackError(f'pools are {self.pools()}, wanted {wanted}')
+
+    def lane_keys(self):
+        from django.conf import settings
+        return sorted(key.decode() for key in self.redis.scan_iter(
+            match='{' + settings.CAPACITY_KEY_PREFIX + '}:*', count=1000) if b':stats:' not in key)
+
+    def in_flight(self):
+        """{lane key: leases not yet expired}, read from the sorted sets with Redis's clock."""
+        seconds, micros = self.redis.time()
+        now_ms = seconds * 1000 + micros // 1000
+        keys = self.lane_keys()
+        pipe = self.redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.zcount(key, f'({now_ms}', '+inf')
+        return dict(zip(keys, pipe.execute()))
+
+    def queue_depths(self):
+        """{queue: messages waiting in the broker}, over the plain list and every priority level."""
+        pipe = self.redis.pipeline(transaction=False)
+        names = [(queue, name) for queue in QUEUES
+                 for name in [queue] + [f'{queue}\x06\x16{level}' for level in (3, 6, 9)]]
+        for _, name in names:
+            pipe.llen(name)
+        depths = dict.fromkeys(QUEUES, 0)
+        for (queue, _), depth in zip(names, pipe.execute()):
+            depths[queue] += depth
+        return depths
+
+    def reset_calls(self, purge=True):
+        """Forget every call: empty the queues and the lanes, delete the calls' rows and results."""
+        from django.conf import settings
+        from django.db import connection
+        if purge:
+            for queue in QUEUES:
+                for name in [queue] + [f'{queue}\x06\x16{level}' for level in (0, 3, 6, 9)]:
+                    self.redis.delete(name)
+        for key in self.redis.scan_iter(match='{' + settings.CAPACITY_KEY_PREFIX + '}:*', count=1000):
+            self.redis.delete(key)
+        from django_celery_results.models import TaskResult
+
+        from api.models import UsageEvent
+        from workers.models import HeavyCall
+        tables = ', '.join(model._meta.db_table for model in (HeavyCall, UsageEvent, TaskResult))
+        with connection.cursor() as cursor:
+            cursor.execute(f'TRUNCATE {tables}')
+
+    def wait_drained(self, timeout=120):
+        """Wait until no message waits in a queue and no call is queued or running."""
+        from workers.models import HeavyCall, State
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not any(self.queue_depths().values()) and not HeavyCall.objects.filter(
+                    state__in=(State.QUEUED, State.RUNNING)).exists():
+                return True
+            time.sleep(0.2)
+        return False
+
+    # --- starting -----------------------------------------------------------------------------------------
+
+    def _take_lock(self):
+        HOME.mkdir(parents=True, exist_ok=True)
+        lock = open(HOME / 'stack.lock', 'a+')  # noqa: SIM115 - held for the stack's life
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            raise StackError(f'another benchmark stack is running ({HOME / "stack.lock"})') from None
+        self._lock = lock
+
+    def _start(self, child):
+        self.children[child.name] = child
+        child.start(self.env or dict(os.environ), os.getpid())
+        return child
+
+    def _start_redis(self):
+        server = shutil.which('redis-server')
+        if not server:
+            raise StackError('redis-server is not installed (apt-get install -y redis-server)')
+        self.port = free_port()
+        port = free_port()
+        self.redis_url = f'redis://127.0.0.1:{port}/0'
+        data = HOME / 'redis'
+        data.mkdir(exist_ok=True)
+        redis_child = self._start(Child('redis', [
+            server, '--port', str(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no',
+            '--dir', str(data), '--daemonize', 'no', '--logfile', ''], self.logs / 'redis.log'))
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and redis_child.running():
+            try:
+                if self.redis.ping():
+                    break
+            except Exception:  # noqa: BLE001 - not up yet
+                self._redis = None
+            time.sleep(0.05)
+        else:
+            raise StackError(f'redis-server did not start:\n{tail(redis_child.log_path)}')
+        self.var.mkdir(parents=True, exist_ok=True)
+        self.env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith(('CELERY_', 'CAPACITY_', 'REDIS_'))},
+            'DJANGO_SETTINGS_MODULE': 'api.settings',
+            'HEAVY_LANES_VAR_DIR': str(self.var),
+            'DATABASE_URL': db_url(),
+            'DATABASE_CONN_MAX_AGE': '60',
+            'REDIS_URL': self.redis_url,
+            'CELERY_BROKER_URL': self.redis_url,
+            'DEBUG': 'false',
+            'HEAVY_LANES_PRODUCTION': 'false',
+            'CAPACITY_CONFIG_CACHE_SECONDS': str(CONFIG_SECONDS),
+            'WORKERS_RECONCILE_SECONDS': str(CONFIG_SECONDS),
+            'HEAVY_RATE_LIMIT': os.environ.get('HEAVY_RATE_LIMIT', '100000/s'),
+            'HEAVY_LANES_BENCH_VIEWS': 'true' if self.bench_views else 'false',
+            'PYTHONUNBUFFERED': '1',
+            **self.extra_env,
+        }
+
+    def _prepare(self):
+        started = time.monotonic()
+        _admin(f'DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)')
+        _admin(f'CREATE DATABASE {DB_NAME}')
+        self._db_created = True
+        python = sys.executable
+        script = (
+            'import django, time; django.setup()\n'
+            'from django.core.management import call_command\n'
+            f'for args in (["migrate", "--noinput", "-v", "0"], ["load_terminology", "{self.terminology}"],'
+            ' ["create_demo_users"]):\n'
+            '    t = time.monotonic(); call_command(*args); print("---", args[0], round(time.monotonic() - t, 1), "s")\n'
+            'from concepts.matching import store\n'
+            'from concepts.models import Source\n'
+            'from concepts.services import embedder_name\n'
+            'for source in Source.objects.all():\n'
+            '    store.lexical_index(source); store.semantic_index(source, embedder_name())\n'
+        )
+        child = self._start(Child('prepare', [python, '-c', script], self.logs / 'prepare.log'))
+        child.process.wait()
+        del self.children['prepare']
+        if child.process.returncode != 0:
+            raise StackError(f'preparing the database failed:\n{tail(child.log_path)}')
+        self.timings['prepare_seconds'] = round(time.monotonic() - started, 1)
+        self.say(f'database {DB_NAME} prepared in {self.timings["prepare_seconds"]} s '
+                 f'({", ".join(line[4:] for line in tail(child.log_path, 10).splitlines() if line.startswith("---"))})')
+
+    def _start_api(self):
+        self._start(Child('api', [
+            sys.executable, '-m', 'gunicorn', 'api.wsgi:application', '--bind', f'127.0.0.1:{self.port}',
+            '--workers', str(self.api_workers), '--worker-class', 'sync', '--timeout', '150',
+            '--graceful-timeout', '5', '--backlog', '2048', '--access-logfile', str(self.logs / 'access.log'),
+            '--error-logfile', '-', '--log-level', 'warning',
+        ], self.logs / 'api.log', ready=lambda: http_get(f'{self.url}/healthz')[0] == 200))
+
+    def _start_workers(self):
+        if any(size is not None for size in self.lanes.values()):
+            self.set_config(wait=False, **lane_limits(self.lanes))
+        for queue in self.lanes:
+            log_path = self.logs / f'worker-{queue}.log'
+            self._start(Child(f'worker-{queue}', [
+                sys.executable, '-m', 'celery', '-A', 'workers', 'worker', '-Q', queue, '-n', f'{queue}@%h',
+                '-P', 'prefork', '-c', '1', '-l', 'INFO', '--without-mingle', '--without-gossip',
+                '--include', 'api.bench_views',
+            ], log_path, ready=lambda log_path=log_path: ' ready.' in tail(log_path, 400)))
+
+    def _wait_ready(self):
+        deadline = time.monotonic() + READY_SECONDS
+        pending = [child for child in self.children.values() if child.name != 'redis']
+        while pending:
+            for child in self.children.values():
+                if not child.running():
+                    raise StackError(f'{child.name} exited ({child.process.returncode}):\n{tail(child.log_path)}')
+            pending = [child for child in pending if not child.check_ready()]
+            if time.monotonic() > deadline:
+                raise StackError(f'not ready after {READY_SECONDS} s: {", ".join(c.name for c in pending)}')
+            time.sleep(0.1)
+        wanted = {queue: size for queue, size in self.lanes.items() if size is not None}
+        if wanted:
+            self.wait_pools(wanted)
+
+
+def lane_limits(pools):
+    """Config changes that give the lane pools the sizes asked for ({queue: n}), with room elsewhere.
+
+    interactive = reserve_single_row, es2_knn = es2_knn - reserve, api_heavy = api_heavy.cluster - reserve.
+    """
+    reserve = pools.get('interactive') or 1
+    changes = {'reserve_single_row': reserve}
+    if 'es2_knn' in pools and pools['es2_knn'] is not None:
+        changes['es2_knn'] = reserve + pools['es2_knn']
+    if 'api_heavy' in pools and pools['api_heavy'] is not None:
+        changes['api_heavy'] = {'cluster': reserve + pools['api_heavy']}
+    return changes
+
+
+def _stop_children(children):
+    for child in children:
+        if child.running():
+            child.signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_SECONDS
+    while any(child.running() for child in children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for child in children:
+        if child.running():
+            child.signal_group(signal.SIGKILL)
+            try:
+                child.process.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+    deadline = time.monotonic() + 5
+    for child in children:
+        while child.group_alive() and time.monotonic() < deadline:
+            child.signal_group(signal.SIGKILL)
+            time.sleep(0.05)
+
+
+def with_redis(command):
+    """Run `command` with `{redis}` replaced by the URL of a private redis-server; stop it after."""
+    server = shutil.which('redis-server')
+    if not server:
+        sys.exit('redis-server is not installed (apt-get install -y redis-server)')
+    port = free_port()
+    url = f'redis://127.0.0.1:{port}/0'
+    HOME.mkdir(parents=True, exist_ok=True)
+    child = Child('redis-only', [server, '--port', str(port), '--bind', '127.0.0.1', '--save', '', '--appendonly',
+                                 'no', '--daemonize', 'no', '--logfile', ''], HOME / 'redis-only.log')
+    child.start(dict(os.environ), os.getpid())
+    try:
+        import redis
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                if redis.Redis.from_url(url).ping():
+                    break
+            except redis.RedisError:
+                if time.monotonic() > deadline or not child.running():
+                    sys.exit(f'redis-server did not start:\n{tail(child.log_path)}')
+                time.sleep(0.05)
+        argv = [part.replace('{redis}', url) for part in command]
+        print('$', ' '.join(argv), flush=True)
+        return subprocess.run(argv, check=False).returncode
+    finally:
+        _stop_children([child])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--api-workers', type=int, default=3)
+    parser.add_argument('--terminology', default='hpo', choices=sorted(SOURCES))
+    parser.add_argument('--with-redis', action='store_true',
+                        help='only start a private Redis and run the command after --, {redis} being its URL')
+    parser.add_argument('command', nargs=argparse.REMAINDER)
+    args = parser.parse_args()
+    if args.with_redis:
+        command = args.command[1:] if args.command[:1] == ['--'] else args.command
+        if not command:
+            parser.error('--with-redis needs a command after --')
+        sys.exit(with_redis(command))
+    with Stack(api_workers=args.api_workers, terminology=args.terminology) as stack:
+        print(json.dumps({'url': stack.url, 'redis': stack.redis_url, 'database': db_url(),
+                          'source': stack.source, 'tokens': stack.tokens()}, indent=2))
+        print('Ctrl-C stops it.')
+        try:
+            while all(child.running() for child in stack.children.values()):
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == '__main__':
+    main()
