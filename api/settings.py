@@ -174,6 +174,8 @@ CAPACITY_KEY_PREFIX = os.environ.get('CAPACITY_KEY_PREFIX', 'ocl:capacity')
 CONCEPTS_EMBEDDER = os.environ.get('CONCEPTS_EMBEDDER', 'tfidf-svd')
 CONCEPTS_RERANKER = os.environ.get('CONCEPTS_RERANKER', 'fuzzy')
 CONCEPTS_INDEX_CACHE_SIZE = env_int('CONCEPTS_INDEX_CACHE_SIZE', 8)
+# How long an API process trusts a target_repo_url it found (the worker checks again before running).
+CONCEPTS_SOURCE_CACHE_SECONDS = env_int('CONCEPTS_SOURCE_CACHE_SECONDS', 10)
 
 # /metrics is open unless this is set; then scrapers send `Authorization: Bearer <METRICS_TOKEN>`.
 METRICS_TOKEN = os.environ.get('METRICS_TOKEN', '')
@@ -227,7 +229,9 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_PUBLISH_RETRY_POLICY = {'max_retries': 1, 'interval_start': 0, 'interval_step': 0.2,
                                     'interval_max': 0.2}
 CELERY_WORKER_SEND_TASK_EVENTS = True
-CELERY_TASK_SEND_SENT_EVENT = True
+# No task-sent event: it cost each heavy call one more Redis PUBLISH (Flower sees a call once received).
+CELERY_TASK_SEND_SENT_EVENT = False
+CELERY_DB_REUSE_MAX = env_int('CELERY_DB_REUSE_MAX', 1000)
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # The per-call JSON lines go to stdout as they are (one JSON object a line), not wrapped in log records.
 CELERY_WORKER_REDIRECT_STDOUTS = False

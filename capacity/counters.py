@@ -17,18 +17,21 @@ def counters_key():
 
 
 def increment(*fields):
-    """Add 1 to each field (a tuple of labels); errors are logged at debug level and dropped."""
+    """Add 1 to each field (a tuple of labels), without waiting: the Redis thread does it after the
+    caller's own operations. A counter never costs a call anything; one that can't be counted is dropped."""
     if not fields or not RedisLanes.is_available():
         return
+    key = counters_key()
+    names = [SEPARATOR.join(str(label) for label in labels) for labels in fields]
 
     def op(client):
         pipe = client.pipeline(transaction=False)
-        for labels in fields:
-            pipe.hincrby(counters_key(), SEPARATOR.join(str(label) for label in labels), 1)
+        for name in names:
+            pipe.hincrby(key, name, 1)
         return pipe.execute()
     try:
-        RedisLanes.call(op, RedisLanes.get_client())
-    except Exception as ex:  # noqa: BLE001 - a counter never costs a call anything
+        RedisLanes.get_redis_thread().submit(op, RedisLanes.get_client())
+    except Exception as ex:  # noqa: BLE001 - the thread is busy: drop the count, never delay the call
         logger.debug('Capacity counter not counted (%s)', ex)
 
 

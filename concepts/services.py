@@ -41,6 +41,7 @@ the run (the run validates again); `concepts.errors.ConceptsError` subclasses fo
 """
 import os
 import re
+import time
 
 from django.conf import settings
 from rest_framework.exceptions import ValidationError
@@ -113,12 +114,34 @@ def find_source(url):
     return source
 
 
+_known_sources = {}  # url as sent -> (monotonic expiry, canonical url): sources the API found recently
+
+
 def validate_match_body(data):
-    return _clean_match_body(data)[0]
+    """The cleaned `$match` body, or ValidationError naming the fields.
+
+    In the API a source found once is trusted for CONCEPTS_SOURCE_CACHE_SECONDS (a query saved on every
+    heavy call); the worker validates again against the database before it runs the call.
+    """
+    url = data.get('target_repo_url') if isinstance(data, dict) else None
+    now = time.monotonic()
+    expires, canonical = _known_sources.get(url, (0, None)) if isinstance(url, str) else (0, None)
+    if expires > now:
+        return _clean_match_body(data, known_url=canonical)[0]
+    body, source = _clean_match_body(data)
+    if len(_known_sources) > 1000:
+        _known_sources.clear()
+    _known_sources[url] = (now + settings.CONCEPTS_SOURCE_CACHE_SECONDS, source.url)
+    return body
 
 
-def _clean_match_body(data):
-    """(cleaned body, its Source) or ValidationError."""
+def forget_sources():
+    """Drop the API's cache of known sources (tests, and after a source is removed in this process)."""
+    _known_sources.clear()
+
+
+def _clean_match_body(data, known_url=None):
+    """(cleaned body, its Source, or None when `known_url` was given) or ValidationError."""
     if not isinstance(data, dict):
         raise ValidationError({'non_field_errors': ['Request body must be a JSON object.']})
     errors = {}
@@ -128,7 +151,7 @@ def _clean_match_body(data):
     source = None
     if url is None or url == '':
         errors['target_repo_url'] = ['Missing "target_repo_url" in request body.']
-    else:
+    elif not known_url:
         source = find_source(url)
         if source is None:
             errors['target_repo_url'] = [(
@@ -143,7 +166,7 @@ def _clean_match_body(data):
 
     if errors:
         raise ValidationError(errors)
-    return {'rows': data['rows'], 'target_repo_url': source.url, 'limit': limit}, source
+    return {'rows': data['rows'], 'target_repo_url': known_url or source.url, 'limit': limit}, source
 
 
 def validate_rerank_body(data):

@@ -101,6 +101,9 @@ def make_user(db):
 def fresh_caches():
     """Each test starts with no cached config or tiers (user ids are reused after a database flush)."""
     from capacity.caller import clear_tiers
+    from concepts.services import forget_sources
     clear_tiers()
+    forget_sources()
     yield
     clear_tiers()
+    forget_sources()

@@ -13,6 +13,10 @@ from django.conf import settings
 from kombu import Exchange, Queue
 
 os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'api.settings')
+# One BLAS thread per pool process: the pool already has a process per core it may use, and a thread per
+# core in each of them made two processes slower than one (docs/benchmarks.md). Set before numpy loads.
+for _name in ('OPENBLAS_NUM_THREADS', 'OMP_NUM_THREADS', 'MKL_NUM_THREADS'):
+    os.environ.setdefault(_name, '1')
 if not apps.ready and not apps.loading:
     django.setup()  # a Celery command imports this first; in Django processes WorkersConfig.ready() does
 
@@ -28,6 +32,9 @@ ANON = Exchange('', type='direct')
 app.conf.task_queues = [Queue(name, ANON, routing_key=name) for name in LANES]
 app.conf.task_default_queue = next(iter(LANES))
 app.conf.task_create_missing_queues = False
+# Celery's Django fixup closes the database connection around every task unless told to reuse it; a new
+# PostgreSQL connection per call cost about 8 ms of a 4 ms call (docs/benchmarks.md).
+app.conf['CELERY_DB_REUSE_MAX'] = settings.CELERY_DB_REUSE_MAX
 
 
 def flower_auth_problem(argv, environ, production):

@@ -37,11 +37,13 @@ class CallGone(Exception):
 def load(call_id, wait=None):
     """The call's row, waiting up to ROW_WAIT_SECONDS for the API's commit; None if it never comes."""
     deadline = time.monotonic() + (ROW_WAIT_SECONDS if wait is None else wait)
+    pause = 0.002  # the commit is usually a millisecond or two behind the message: look again soon
     while True:
         call = HeavyCall.objects.filter(pk=call_id).first()
         if call is not None or time.monotonic() >= deadline:
             return call
-        time.sleep(0.05)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
 
 
 def lease_for(call, lease_ms):

@@ -42,6 +42,7 @@ class TfidfSvdEmbedder:
         self.random_state = random_state
         self.vectorizer = None
         self.svd = None
+        self._projection = None
 
     @property
     def cache_key(self):
@@ -60,11 +61,19 @@ class TfidfSvdEmbedder:
         components = max(1, min(self.dimensions, matrix.shape[1] - 1, matrix.shape[0] - 1))
         self.svd = TruncatedSVD(components, n_iter=self.svd_iterations, random_state=self.random_state)
         self.svd.fit(matrix)
+        self._projection = None
         return self
 
     def embed(self, texts):
         matrix = self.vectorizer.transform([normalize(text) for text in texts])
-        return l2_normalize(self.svd.transform(matrix))
+        # What TruncatedSVD.transform computes, without copying the transposed components on every call
+        # (256 x ~56,000 for HPO: about 31 ms a call, most of a one-row match).
+        return l2_normalize(np.asarray(matrix @ self.projection()))
+
+    def projection(self):
+        if self._projection is None:
+            self._projection = np.ascontiguousarray(self.svd.components_.T)
+        return self._projection
 
     def save(self, directory):
         import joblib
@@ -74,6 +83,7 @@ class TfidfSvdEmbedder:
         import joblib
         state = joblib.load(Path(directory) / 'embedder.joblib')
         self.vectorizer, self.svd = state['vectorizer'], state['svd']
+        self._projection = None
         return self
 
 
