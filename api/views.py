@@ -230,7 +230,9 @@ class TaskView(APIView):
             raise errors.exceptions.ValidationError({'wait': ['Must be a whole number of seconds.']}) from None
         wait = max(0, min(wait, get_config()['wait']['max_seconds'], MAX_POLL_SECONDS))
         if wait and not call.finished:
-            submission.wait(call, wait)
+            with submission.api_worker_slot(wait) as allowed:
+                if allowed:  # else this host's waiting slots are taken: answer now, the client polls
+                    submission.wait(call, wait)
             call.refresh_from_db()
         return task_response(call)
 

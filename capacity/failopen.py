@@ -23,8 +23,10 @@ def describe(ex):
 
 
 def record(holder, ex, action):
-    """Note `ex` on `holder` (a gate or a lease) and go on without the limiter."""
-    holder.error = describe(ex)
+    """Note `ex` on `holder` (a gate, a lease, or None) and go on without the limiter."""
+    error = describe(ex)
+    if holder is not None:
+        holder.error = error
     if isinstance(ex, redis.RedisError):
         RedisLanes.mark_unavailable()
-    logger.warning('Capacity %s failed open (%s)', action, holder.error)
+    logger.warning('Capacity %s failed open (%s)', action, error)

@@ -13,19 +13,23 @@ A new call's row is created in the same transaction that publishes its message: 
 import hashlib
 import json
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from capacity import counters
+from capacity import counters, failopen
 from capacity.caller import get_tier
 from capacity.config import get_config
-from capacity.constants import TIERS
+from capacity.constants import TIERS, Lane
 from capacity.gate import CapacityGate
+from capacity.keys import lane_key
 from capacity.lease import Lease
 from capacity.logs import emit
+from capacity.store import RedisLanes
 from workers import execution, notify, work
 from workers.lanes import route
 from workers.models import FINAL_STATES, OPEN_STATES, HeavyCall, State
@@ -164,6 +168,32 @@ def wait(call, seconds, gate=None):
     finally:
         if gate is not None:
             gate.release_task_lane()
+
+
+@contextmanager
+def api_worker_slot(seconds):
+    """Yield whether this request may hold its API worker for `seconds` (a long poll).
+
+    A request that waits holds one of the host's few sync workers, so it takes a lease in this host's
+    api_heavy_task lane like a heavy call that waits (limit api_heavy.per_task). When the lane is full it
+    answers at once instead of waiting; when the lanes can't be counted it waits (fail open).
+    """
+    config = get_config()
+    key = lane_key(Lane.API_HEAVY_TASK, settings.CAPACITY_TASK_ID)
+    token = f'poll-{uuid.uuid4().hex}'
+    taken = True
+    if config['mode'] != 'off' and RedisLanes.is_available():
+        try:
+            taken = RedisLanes.acquire([key], [config['api_heavy']['per_task']], token,
+                                       (seconds + 5) * 1000, force=False).taken
+        except Exception as ex:  # noqa: BLE001 - fail open: wait uncounted
+            failopen.record(None, ex, 'long-poll slot')
+            taken = True
+    try:
+        yield taken
+    finally:
+        if taken:
+            Lease([key], token, 0).release()
 
 
 def cancel(call):

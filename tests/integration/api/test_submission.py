@@ -202,3 +202,21 @@ def test_a_call_that_fails_is_refunded(start_worker, tiny_source, make_user, api
     assert task['state'] == 'failed' and task['error']
     event = UsageEvent.objects.get(call_id=call_id)
     assert event.refunded_at is not None
+
+
+def test_long_polls_share_this_hosts_waiting_slots_and_answer_at_once_when_they_are_taken(
+        broker, lanes_redis, tiny_source, make_user, api_as, configure):
+    import time
+    configure(api_heavy={'cluster': 4, 'per_task': 1})
+    client = api_as(make_user())
+    call_id = match(client, tiny_source).json()['id']  # queued; no worker runs
+    holder = threading.Thread(target=lambda: client.get(f'/tasks/{call_id}/?wait=3'))
+    holder.start()
+    wait_until(lambda: lanes_redis.zcard(lane_key(Lane.API_HEAVY_TASK, 'test-host')) == 1, timeout=5,
+               interval=0.01, message='the first long poll to take the slot')
+    started = time.monotonic()
+    second = client.get(f'/tasks/{call_id}/?wait=3')
+    assert time.monotonic() - started < 1  # the slot is taken: no second worker is held
+    assert second.status_code == 200 and second.json()['state'] == 'queued'
+    holder.join(10)
+    assert lanes_redis.zcard(lane_key(Lane.API_HEAVY_TASK, 'test-host')) == 0  # released after
