@@ -1,0 +1,27 @@
+"""A semantic `$match` of 100 rows over the whole HPO, through the API and a real worker process."""
+import pytest
+
+from concepts.loader import load_terminology
+from concepts.terminology import read_hpo
+from tests.integration.concepts.test_hpo_match import bag, known_synonyms
+from tests.integration.workers.conftest import wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.redis]
+
+
+def test_a_hundred_known_synonyms_come_back_with_their_concepts_first(start_worker, make_user, api_as):
+    load_terminology(read_hpo())
+    start_worker(queues=('es2_knn',))
+    pairs = known_synonyms(read_hpo(), 100, seed=11)
+    client = api_as(make_user('core_user'))
+    response = client.post('/concepts/$match/?semantic=true', {
+        'rows': [{'name': synonym, 'id': i} for i, (synonym, _) in enumerate(pairs)],
+        'target_repo_url': '/orgs/HPO/sources/HPO/', 'limit': 5}, format='json')
+    assert response.status_code == 202 and response.json()['lane'] == 'es2_knn'
+    call_id = response.json()['id']
+    task = wait_until(lambda: (lambda body: body if body['state'] not in ('queued', 'running') else None)(
+        client.get(f'/tasks/{call_id}/?wait=20').json()), timeout=120, interval=0.1, message='the match')
+    assert task['state'] == 'succeeded', task
+    results = task['result']['results']
+    assert [(row['row']['id'], row['candidates'][0]['code'], bag(row['candidates'][0]['matched']))
+            for row in results] == [(i, code, bag(synonym)) for i, (synonym, code) in enumerate(pairs)]
