@@ -1,9 +1,12 @@
 """Cluster-wide event counters kept in Redis, so /metrics is right however many API and worker
 processes there are: decisions by queue, tier and decision; each full lane of a refused or
-shadow-refused call; renewals that failed. One hash under the lane prefix; increments go through the lane
-store's deadline and never fail a call.
+shadow-refused call; renewals that failed. One hash under the lane prefix; increments gather in the
+process and reach Redis on the lane store's Redis thread, and never delay or fail a call.
 """
 import logging
+import os
+import threading
+from collections import Counter
 
 from capacity.keys import lane_key
 from capacity.store import RedisLanes
@@ -16,23 +19,57 @@ def counters_key():
     return lane_key('stats', 'counters')
 
 
+_pending = Counter()  # field -> increments not yet sent
+_pending_lock = threading.Lock()
+_flush_queued = False
+
+
 def increment(*fields):
-    """Add 1 to each field (a tuple of labels), without waiting: the Redis thread does it after the
-    caller's own operations. A counter never costs a call anything; one that can't be counted is dropped."""
+    """Add 1 to each field (a tuple of labels), without making the caller wait for Redis.
+
+    Increments gather in this process and one flush job at a time takes them to Redis on the Redis
+    thread, so counters never hold more than one of its few queue places (the calls' own operations need
+    them). A counter never costs a call anything: when they can't be sent they are dropped.
+    """
+    global _flush_queued
     if not fields or not RedisLanes.is_available():
         return
-    key = counters_key()
-    names = [SEPARATOR.join(str(label) for label in labels) for labels in fields]
-
-    def op(client):
-        pipe = client.pipeline(transaction=False)
-        for name in names:
-            pipe.hincrby(key, name, 1)
-        return pipe.execute()
+    with _pending_lock:
+        for labels in fields:
+            _pending[SEPARATOR.join(str(label) for label in labels)] += 1
+        if _flush_queued:
+            return
+        _flush_queued = True
     try:
-        RedisLanes.get_redis_thread().submit(op, RedisLanes.get_client())
-    except Exception as ex:  # noqa: BLE001 - the thread is busy: drop the count, never delay the call
-        logger.debug('Capacity counter not counted (%s)', ex)
+        RedisLanes.get_redis_thread().submit(_flush, RedisLanes.get_client(), counters_key())
+    except Exception as ex:  # noqa: BLE001 - the thread is busy: keep the counts for the next flush
+        with _pending_lock:
+            _flush_queued = False
+        logger.debug('Capacity counters not sent yet (%s)', ex)
+
+
+def _flush(client, key):
+    """Send the gathered increments (on the Redis thread); on an error they are dropped."""
+    global _flush_queued
+    with _pending_lock:
+        counts = dict(_pending)
+        _pending.clear()
+        _flush_queued = False
+    if counts:
+        pipe = client.pipeline(transaction=False)
+        for name, count in counts.items():
+            pipe.hincrby(key, name, count)
+        pipe.execute()
+
+
+def _after_fork():
+    global _pending_lock, _flush_queued
+    _pending_lock = threading.Lock()
+    _pending.clear()
+    _flush_queued = False
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def record_decision(gate, queue):

@@ -18,7 +18,7 @@ import threading
 import time
 
 import redis
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 from django.conf import settings
 
 from capacity.config import get_config
@@ -145,6 +145,22 @@ class PoolReconciler(threading.Thread):
 
 
 _reconciler = None
+_served = []  # the lane queues this node was started for (-Q), whether it consumes them now or not
+
+
+@celeryd_after_setup.connect
+def skip_paused_lanes(sender=None, instance=None, **kwargs):
+    """Don't start consuming a lane whose pool size is 0: a call it took would run in a paused lane."""
+    queues = instance.app.amqp.queues
+    _served[:] = [name for name in (queues.consume_from or {}) if name in lanes.LANES]
+    try:
+        config = get_config()
+    except Exception:  # noqa: BLE001 - the reconciler sizes the pool once it can read the config
+        return
+    for name in _served:
+        if lanes.get_lane(name).pool_size(config) == 0:
+            queues.deselect(name)
+            logger.info('Lane %s is paused: %s starts without consuming it', name, sender)
 
 
 @worker_ready.connect
@@ -152,7 +168,7 @@ def start_reconciler(sender=None, **kwargs):
     """Start sizing this node's lane pools once the worker consumes (prefork workers only)."""
     global _reconciler
     consumer = sender
-    queues = list(consumer.app.amqp.queues.consume_from or {})
+    queues = list(_served) or list(consumer.app.amqp.queues.consume_from or {})
     if not any(queue in lanes.LANES for queue in queues):
         return
     if type(consumer.pool).__module__ != 'celery.concurrency.prefork':

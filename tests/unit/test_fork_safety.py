@@ -6,7 +6,8 @@ import threading
 import pytest
 
 LOCKS = [('capacity.config', '_cache_lock'), ('capacity.logs', '_sink_lock'), ('workers.notify', '_lock'),
-         ('workers.status', '_lock'), ('concepts.matching.store', '_cache_lock')]
+         ('workers.status', '_lock'), ('concepts.matching.store', '_cache_lock'),
+         ('capacity.counters', '_pending_lock')]
 
 
 @pytest.mark.parametrize('module_name, attribute', LOCKS)

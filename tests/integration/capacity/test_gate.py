@@ -320,3 +320,19 @@ def test_the_command_shows_the_status(make_user, gates):
     out = StringIO()
     call_command('capacity', 'status', stdout=out)
     assert json_module.loads(out.getvalue())['api_heavy']['in_flight'] == 1
+
+
+def test_counters_gather_and_reach_redis_without_holding_the_redis_threads_queue(lanes):
+    import time as time_module
+
+    from capacity import counters
+    for _ in range(50):  # far more than the thread's 8 queue places
+        counters.increment(('decision', 'es2_knn', 'core', 'admitted'), ('full', 'user', 'core', 'refused'))
+    deadline = time_module.monotonic() + 5
+    while time_module.monotonic() < deadline:
+        values = counters.read()
+        if values.get(('decision', 'es2_knn', 'core', 'admitted')) == 50:
+            break
+        time_module.sleep(0.01)
+    assert values[('decision', 'es2_knn', 'core', 'admitted')] == 50
+    assert values[('full', 'user', 'core', 'refused')] == 50

@@ -241,3 +241,15 @@ def test_an_expired_call_ends_expired_and_never_runs(
     time.sleep(2)
     call = HeavyCall.objects.get(pk=call_id)
     assert call.state == 'expired' and call.attempts == 0
+
+
+def test_a_worker_started_while_its_lane_is_paused_takes_no_call_until_the_lane_resumes(
+        start_worker, tiny_source, make_user, api_as, configure, lanes_redis):
+    configure(es2_knn=1)  # es2_knn's pool size is 0
+    client = api_as(make_user())
+    call_id = submit(client, tiny_source).json()['id']  # waiting before any worker exists
+    start_worker(name='knn-only', queues=('es2_knn',))
+    time.sleep(2)
+    assert client.get(f'/tasks/{call_id}/').json()['state'] == 'queued'
+    configure(es2_knn=3)
+    assert poll(client, call_id).json()['state'] == 'succeeded'
