@@ -47,7 +47,6 @@ class HeavyCall(models.Model):
     expires_at = models.DateTimeField()  # the queue deadline: not started by then, it never runs
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    usage_charged = models.PositiveIntegerField(default=0)  # metered units charged for this call
 
     class Meta:
         db_table = 'heavy_calls'
