@@ -96,8 +96,11 @@ DATABASES = {
     ),
 }
 if DATABASES['default']['ENGINE'] == 'django.db.backends.sqlite3':
-    # Workers and API processes write the same file: wait for the lock instead of failing at once.
-    DATABASES['default'].setdefault('OPTIONS', {})['timeout'] = 20
+    # API and worker processes write the same file. Wait for the lock instead of failing at once, and take
+    # it when a transaction begins: a reader that later wants to write gets "database is locked" at once,
+    # without waiting, when another process writes. (Not WAL: pool processes forked from a worker that
+    # has the file open hung on their first query.)
+    DATABASES['default'].setdefault('OPTIONS', {}).update({'timeout': 20, 'transaction_mode': 'IMMEDIATE'})
 DEFAULT_AUTO_FIELD = 'django.db.models.BigAutoField'
 
 LANGUAGE_CODE = 'en-us'

@@ -14,6 +14,7 @@ changes again. Resizing needs the prefork pool: the threads pool can't grow or s
 """
 import json
 import logging
+import os
 import threading
 import time
 
@@ -26,6 +27,21 @@ from workers import lanes
 
 logger = logging.getLogger('heavy_lanes')
 HEARTBEAT_FACTOR = 3  # a node is live while it renewed its heartbeat within 3 reconcile intervals
+
+
+# Held while the reconciler works, and taken by every fork of this process (pool_grow forks a new pool
+# process): a child forked while this thread was inside the database or Redis client could inherit one of
+# their locks held, and hang on its first call. Forks wait for the reconciler to be idle instead.
+_fork_guard = threading.Lock()
+
+
+def _after_fork_in_child():
+    global _fork_guard
+    _fork_guard = threading.Lock()
+
+
+os.register_at_fork(before=lambda: _fork_guard.acquire(), after_in_parent=lambda: _fork_guard.release(),
+                    after_in_child=_after_fork_in_child)
 
 
 def nodes_key(queue):
@@ -85,7 +101,8 @@ class PoolReconciler(threading.Thread):
     def run(self):
         while not self.stopped.is_set():
             try:
-                self.reconcile()
+                with _fork_guard:
+                    self.reconcile()
             except Exception:  # noqa: BLE001 - keep reconciling; the next tick may work
                 logger.exception('Pool reconcile failed on %s', self.hostname)
             self.stopped.wait(self.interval)
@@ -100,7 +117,10 @@ class PoolReconciler(threading.Thread):
                 pass
 
     def processes(self):
-        return self.consumer.pool.num_processes
+        try:
+            return self.consumer.pool.num_processes
+        except AttributeError:  # the pool is gone: the worker is shutting down
+            return 0
 
     def consuming(self, queue):
         task_consumer = getattr(self.consumer, 'task_consumer', None)
@@ -117,20 +137,23 @@ class PoolReconciler(threading.Thread):
             self.publish(queue, share, config)
 
     def apply(self, queue, share):
+        # Fire and forget (reply=False): the main process runs these commands and forks new pool processes
+        # for pool_grow; waiting for the reply here would keep this thread inside kombu, holding its locks,
+        # at the moment of the fork, and a child that inherits a held lock hangs on its first call.
         control = self.app.control
         destination = [self.hostname]
         if share == 0:
             if self.consuming(queue):
-                control.cancel_consumer(queue, destination=destination, reply=True, timeout=5)
+                control.cancel_consumer(queue, destination=destination, reply=False)
             logger.info('Lane %s paused on %s (share 0)', queue, self.hostname)
             return
         if not self.consuming(queue):
-            control.add_consumer(queue, destination=destination, reply=True, timeout=5)
+            control.add_consumer(queue, destination=destination, reply=False)
         current = self.processes()
         if share > current:
-            control.pool_grow(share - current, destination=destination, reply=True, timeout=5)
+            control.pool_grow(share - current, destination=destination, reply=False)
         elif share < current:
-            control.pool_shrink(current - share, destination=destination, reply=True, timeout=5)
+            control.pool_shrink(current - share, destination=destination, reply=False)
         logger.info('Lane %s on %s sized %s -> %s', queue, self.hostname, current, share)
 
     def publish(self, queue, share, config):
