@@ -583,27 +583,33 @@ class Launcher:
             self.say(f'Stopped everything in {time.monotonic() - started:.1f} s.')
 
     def stop_children(self, children):
-        for child in children:
-            if child.running():
-                child.signal_group(child.stop_signal)
-        deadline = time.monotonic() + STOP_SECONDS
-        while any(child.running() for child in children) and time.monotonic() < deadline and not self.hurry:
+        stop_children(children, say=self.say, hurry=lambda: self.hurry)
+
+
+def stop_children(children, seconds=STOP_SECONDS, say=None, hurry=lambda: False):
+    """Stop each child's process group: its stop signal, `seconds` to exit, then SIGKILL, and then
+    SIGKILL for anything left in the groups (a pool process, a gunicorn worker). `say` reports a kill;
+    once `hurry()` is true (a second Ctrl-C) nothing waits and nothing is reported."""
+    for child in children:
+        if child.running():
+            child.signal_group(child.stop_signal)
+    deadline = time.monotonic() + seconds
+    while any(child.running() for child in children) and time.monotonic() < deadline and not hurry():
+        time.sleep(0.05)
+    for child in children:
+        if child.running():
+            if say is not None and not hurry():
+                say(f'{child.name} did not stop in {seconds} s: killed.')
+            child.signal_group(signal.SIGKILL)
+            try:
+                child.process.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+    deadline = time.monotonic() + 5
+    for child in children:
+        while child.group_alive() and time.monotonic() < deadline:
+            child.signal_group(signal.SIGKILL)
             time.sleep(0.05)
-        for child in children:
-            if child.running():
-                if not self.hurry:
-                    self.say(f'{child.name} did not stop in {STOP_SECONDS} s: killed.')
-                child.signal_group(signal.SIGKILL)
-                try:
-                    child.process.wait(5)
-                except subprocess.TimeoutExpired:
-                    pass
-        # The leaders are gone; anything left in their groups (a pool process, a gunicorn worker) goes too.
-        deadline = time.monotonic() + 5
-        for child in children:
-            while child.group_alive() and time.monotonic() < deadline:
-                child.signal_group(signal.SIGKILL)
-                time.sleep(0.05)
 
 
 def _exit_on_sigterm():

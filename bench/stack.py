@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from api.run import Child, free_port, http_get, tail  # noqa: E402  (no Django at import)
+from api.run import Child, free_port, http_get, stop_children, tail  # noqa: E402  (no Django at import)
 
 HOME = ROOT / 'bench' / 'out' / 'stack'
 PG_ADMIN_URL = os.environ.get('BENCH_PG_ADMIN_URL', 'postgresql://postgres@127.0.0.1:5432/postgres')
@@ -394,24 +394,7 @@ def lane_limits(pools):
 
 
 def _stop_children(children):
-    for child in children:
-        if child.running():
-            child.signal_group(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_SECONDS
-    while any(child.running() for child in children) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for child in children:
-        if child.running():
-            child.signal_group(signal.SIGKILL)
-            try:
-                child.process.wait(5)
-            except subprocess.TimeoutExpired:
-                pass
-    deadline = time.monotonic() + 5
-    for child in children:
-        while child.group_alive() and time.monotonic() < deadline:
-            child.signal_group(signal.SIGKILL)
-            time.sleep(0.05)
+    stop_children(children, STOP_SECONDS)
 
 
 def with_redis(command):
