@@ -5,7 +5,8 @@ Every key is `{<CAPACITY_KEY_PREFIX>}:<lane>[:<part>...]`, e.g. `{ocl:capacity}:
 Cluster hashes only the text between the first `{` and the next `}`, so every key of one prefix lands in one
 slot and the multi-key Lua scripts (a call's lanes plus the expired counter) run on any Redis, Cluster too.
 
-The prefix is read from settings on every call (tests give each test its own prefix).
+The prefix is read from settings on every call (tests give each test its own prefix); the keys built from
+it are remembered, because every admission needs five or six of them (bench/admission.py).
 """
 import enum
 
@@ -31,9 +32,20 @@ def lane_name(lane):
     return lane.value if isinstance(lane, enum.Enum) else str(lane)
 
 
+MAX_REMEMBERED_KEYS = 10_000
+_keys = {}  # (prefix, lane, parts) -> key
+
+
 def lane_key(lane, *parts):
     """The key of one lane, e.g. lane_key(Lane.USER, 42) == '{ocl:capacity}:user:42'."""
-    return ':'.join([get_tag(), lane_name(lane), *(str(part) for part in parts)])
+    remembered = (settings.CAPACITY_KEY_PREFIX, lane, parts)
+    key = _keys.get(remembered)
+    if key is None:
+        key = ':'.join([get_tag(), lane_name(lane), *(str(part) for part in parts)])
+        if len(_keys) >= MAX_REMEMBERED_KEYS:
+            _keys.clear()  # bound the memory; the next calls refill it
+        _keys[remembered] = key
+    return key
 
 
 def expired_key():

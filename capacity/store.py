@@ -159,17 +159,17 @@ class RedisLanes:
         still queued is cancelled (the thread skips it); one already running finishes unobserved.
         """
         deadline = settings.CAPACITY_REDIS_DEADLINE_SECONDS
-        future = cls.get_redis_thread().submit(op, *args)
+        job = cls.get_redis_thread().submit(op, *args)
         try:
-            return future.result(timeout=deadline)
+            return job.result(timeout=deadline)
         except TimeoutError:
             # result() raises the builtin TimeoutError both at its deadline and when the op itself raised
-            # one (socket.timeout is one); a future that is done tells them apart. cancel() is True for a
+            # one (socket.timeout is one); a job that is done tells them apart. cancel() is True for a
             # job still queued; False for one running, or one that finished just now, whose answer is
             # then used rather than thrown away.
-            if not future.done() and (future.cancel() or not future.done()):
+            if not job.done() and (job.cancel() or not job.done()):
                 raise redis.TimeoutError(f'no answer from Redis within {deadline} s') from None
-            return future.result()
+            return job.result()
 
     @classmethod
     def run_script(cls, name, keys, args):

@@ -5,39 +5,94 @@ DNS lookup or a walk through the Sentinels. The thread is a daemon so an operati
 up a process's exit (a ThreadPoolExecutor thread would: the interpreter joins those at exit). Its queue is
 short: when it is full, the caller fails at once instead of waiting behind a stuck operation.
 
+The hand-off is on the path of every admission, so it is built from the cheapest primitives CPython has:
+a C `SimpleQueue` for the jobs and, per job, two plain locks instead of a `concurrent.futures.Future` (whose
+Condition allocates and notifies waiter locks in Python). `Job` keeps the part of the Future interface the
+callers use: result(timeout), cancel(), done(), running(). bench/admission.py measures the difference.
+
 This module imports nothing from Django, so a subprocess test can check that a process exits.
 """
 import queue
 import threading
-from concurrent.futures import Future
+from concurrent.futures import CancelledError
 
 import redis
 
 MAX_QUEUED = 8
 
+QUEUED, RUNNING, FINISHED, CANCELLED = 'queued', 'running', 'finished', 'cancelled'
+
+
+class Job:
+    """One operation handed to the Redis thread; whoever takes `claim` first runs it or cancels it."""
+
+    __slots__ = ('op', 'args', 'state', 'value', 'error', 'claim', 'finished')
+
+    def __init__(self, op, args):
+        self.op, self.args = op, args
+        self.state = QUEUED
+        self.value = self.error = None
+        self.claim = threading.Lock()  # taken by the thread (to run) or the caller (to cancel), once
+        self.finished = threading.Lock()  # held until the job has ended
+        self.finished.acquire()
+
+    def run(self):
+        """Run the job on the Redis thread, unless its caller cancelled it first."""
+        if not self.claim.acquire(blocking=False):
+            return
+        self.state = RUNNING
+        try:
+            self.value = self.op(*self.args)
+        except BaseException as ex:  # noqa: BLE001 - handed to the caller, who decides
+            self.error = ex
+        self.state = FINISHED
+        self.finished.release()
+
+    def cancel(self):
+        """Stop a job that hasn't started: True when it will never run, False when it ran or runs."""
+        if self.state == CANCELLED:
+            return True
+        if not self.claim.acquire(blocking=False):
+            return False
+        self.state = CANCELLED
+        self.finished.release()
+        return True
+
+    def done(self):
+        return self.state in (FINISHED, CANCELLED)
+
+    def running(self):
+        return self.state == RUNNING
+
+    def result(self, timeout=None):
+        """The job's value (or its exception raised here); TimeoutError if it hasn't ended within `timeout`."""
+        if not self.finished.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
+            raise TimeoutError()
+        self.finished.release()  # later calls return at once
+        if self.state == CANCELLED:
+            raise CancelledError()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
 
 class RedisThread:
     def __init__(self, max_queued=MAX_QUEUED):
-        self.jobs = queue.Queue(maxsize=max_queued)
+        self.max_queued = max_queued
+        self.jobs = queue.SimpleQueue()
         self.thread = threading.Thread(target=self.run, name='ocl-capacity-redis', daemon=True)
         self.thread.start()
 
     def submit(self, op, *args):
-        """Queue `op(*args)`; return its Future. Raises redis.ConnectionError at once when the queue is full."""
-        future = Future()
-        try:
-            self.jobs.put_nowait((future, op, args))
-        except queue.Full:
-            raise redis.ConnectionError('the capacity Redis thread is busy') from None
-        return future
+        """Queue `op(*args)`; return its Job. Raises redis.ConnectionError at once when the queue is full."""
+        # Two callers may both see one place left and both queue: the bound is kept to within the number of
+        # threads of a process, which is what "short" needs.
+        if self.jobs.qsize() >= self.max_queued:
+            raise redis.ConnectionError('the capacity Redis thread is busy')
+        job = Job(op, args)
+        self.jobs.put(job)
+        return job
 
     def run(self):
         while True:
-            future, op, args = self.jobs.get()
-            # False when the caller gave up (cancelled) before the job started: skip it.
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(op(*args))
-            except BaseException as ex:  # noqa: BLE001 - handed to the caller, who decides
-                future.set_exception(ex)
+            self.jobs.get().run()

@@ -49,9 +49,9 @@ def test_a_process_exits_at_once_while_a_redis_call_hangs(silent_server):
         from capacity.threads import RedisThread
 
         client = redis.Redis(port={silent_server.port}, socket_timeout=None, socket_connect_timeout=None)
-        future = RedisThread().submit(client.ping)
+        job = RedisThread().submit(client.ping)
         time.sleep(0.3)
-        assert future.running(), 'the call should be hung'
+        assert job.running(), 'the call should be hung'
         print('hung', flush=True)
     ''')
     assert (code, stdout, stderr) == (0, 'hung\n', '')

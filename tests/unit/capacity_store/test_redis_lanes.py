@@ -66,7 +66,7 @@ def test_an_operations_own_errors_reach_the_caller_unchanged(settings):
 
     with pytest.raises(redis.ConnectionError, match='refused'):
         RedisLanes.call(fail, redis.ConnectionError('refused'))
-    # A socket timeout is a builtin TimeoutError, the same class a future's wait raises at its timeout:
+    # A socket timeout is a builtin TimeoutError, the same class a job's wait raises at its timeout:
     # it must not be reported as the deadline.
     with pytest.raises(TimeoutError, match='socket read'):
         RedisLanes.call(fail, TimeoutError('socket read'))
