@@ -242,9 +242,8 @@ class Stack:
             self.redis.delete(key)
         from django_celery_results.models import TaskResult
 
-        from api.models import UsageEvent
         from workers.models import HeavyCall
-        tables = ', '.join(model._meta.db_table for model in (HeavyCall, UsageEvent, TaskResult))
+        tables = ', '.join(model._meta.db_table for model in (HeavyCall, TaskResult))
         with connection.cursor() as cursor:
             cursor.execute(f'TRUNCATE {tables}')
 

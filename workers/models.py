@@ -1,9 +1,11 @@
 """The record of every heavy call the API accepted: who, what, which lane, and where it is now.
 
-A row exists only for a call that reached its queue: the submission service creates it in the same
-transaction that publishes the message, so a failed publish leaves no row. The id is the Celery task id
-and the lease token (uuid4 hex: 122 random bits, so ids can't be guessed). The result itself is stored
-by the Celery result backend (django-celery-results' TaskResult, same id); this row holds the lifecycle.
+The row is also the call's usage record (metering): `rows` units, charged when the call is admitted, and
+given back (`refunded_at`) when it fails. A row exists only for a call that reached its queue: the
+submission service creates it in the same transaction that publishes the message, so a failed publish
+leaves no row. The id is the Celery task id and the lease token (uuid4 hex: 122 random bits, so ids can't
+be guessed). The result itself is stored by the Celery result backend (django-celery-results' TaskResult,
+same id); this row holds the lifecycle.
 """
 from django.conf import settings
 from django.db import models
@@ -47,6 +49,7 @@ class HeavyCall(models.Model):
     expires_at = models.DateTimeField()  # the queue deadline: not started by then, it never runs
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    refunded_at = models.DateTimeField(null=True, blank=True)  # usage given back: the call failed
 
     class Meta:
         db_table = 'heavy_calls'

@@ -8,7 +8,8 @@ and `gate` (for headers). Errors that drive the answer carry their data:
 - IdempotencyConflict (422): the key was used by this user for another payload;
 - BrokerUnavailable (503): the message couldn't be published; the leases were released and nothing was
   recorded.
-A new call's row is created in the same transaction that publishes its message: no row without a message.
+A new call's row (also its usage record) is created in the same transaction that publishes its message: no
+row without a message.
 """
 import hashlib
 import json
@@ -30,7 +31,7 @@ from capacity.keys import lane_key
 from capacity.lease import Lease
 from capacity.logs import emit
 from capacity.store import RedisLanes
-from workers import execution, notify, work
+from workers import execution, notify
 from workers.lanes import route
 from workers.models import FINAL_STATES, OPEN_STATES, HeavyCall, State
 
@@ -119,8 +120,7 @@ def submit(request, endpoint, body, semantic=False, reranker=False, idempotency_
         idempotency_key=idempotency_key or None, admission=admission(gate), created_at=now, expires_at=expires_at)
     try:
         with transaction.atomic():
-            call.save(force_insert=True)
-            work.charge(call)
+            call.save(force_insert=True)  # the row is also the call's usage record
             (publish or send)(call)
     except IntegrityError:
         # Another request with the same Idempotency-Key won the race: answer with its call.

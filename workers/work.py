@@ -1,4 +1,4 @@
-"""What a heavy call does once a worker runs it, and the usage it costs.
+"""What a heavy call does once a worker runs it, and giving back the usage of one that failed.
 
 The matching domain (concepts) knows nothing about lanes; this is the one place that maps an endpoint to
 its domain function.
@@ -22,13 +22,7 @@ def perform(call):
     raise UnknownEndpoint(f'No work for endpoint "{call.endpoint}".')
 
 
-def charge(call):
-    """Meter one admitted call: `rows` units, once (an idempotent replay returns the same row)."""
-    from api.models import UsageEvent
-    UsageEvent.objects.create(user_id=call.owner_id, call_id=call.pk, action=call.endpoint, units=call.rows)
-
-
 def refund(call):
-    """Give back the usage of a call that failed; idempotent."""
-    from api.models import UsageEvent
-    UsageEvent.objects.filter(call_id=call.pk, refunded_at__isnull=True).update(refunded_at=timezone.now())
+    """Give back the usage of a call that failed (its row is its usage record); idempotent."""
+    from workers.models import HeavyCall
+    HeavyCall.objects.filter(pk=call.pk, refunded_at__isnull=True).update(refunded_at=timezone.now())

@@ -5,7 +5,6 @@ from unittest import mock
 import pytest
 from django.conf import settings
 
-from api.models import UsageEvent
 from capacity.constants import HEADERS, Lane
 from capacity.keys import lane_key
 from workers.models import HeavyCall
@@ -79,7 +78,7 @@ def test_enforce_refuses_a_match_before_charging_any_usage(
     assert response.status_code == 429
     assert response['Retry-After'] == '120' and response['X-OCL-Capacity-Decision'] == 'refused'
     assert response.json()['error_code'] == 'capacity_exceeded'
-    assert UsageEvent.objects.count() == 0 and HeavyCall.objects.count() == 0
+    assert HeavyCall.objects.count() == 0
     assert lines.call_args.args[0]['state'] == 'refused'
 
 
@@ -89,7 +88,7 @@ def test_a_limiter_error_in_enforce_mode_lets_the_match_through(
     with mock.patch('capacity.decisions.retry_after', side_effect=RuntimeError('boom')):
         response = match(api_as(make_user()), tiny_source)
     assert response.status_code == 202 and response['X-OCL-Capacity-Decision'] == 'unavailable'
-    assert UsageEvent.objects.filter(action='$match', units=2).count() == 1
+    assert HeavyCall.objects.filter(endpoint='$match', rows=2, refunded_at=None).count() == 1
 
 
 def test_shadow_mode_charges_and_queues_as_usual(broker, lanes_redis, tiny_source, make_user, api_as, configure):
@@ -97,7 +96,7 @@ def test_shadow_mode_charges_and_queues_as_usual(broker, lanes_redis, tiny_sourc
     response = match(api_as(make_user()), tiny_source)
     assert response.status_code == 202 and response['X-OCL-Capacity-Decision'] == 'shadow-refused'
     assert 'Retry-After' not in response
-    assert UsageEvent.objects.count() == 1
+    assert HeavyCall.objects.filter(refunded_at=None).count() == 1
 
 
 def test_rerank_is_counted_and_carries_the_headers(broker, lanes_redis, tiny_source, make_user, api_as):

@@ -8,11 +8,10 @@ import pytest
 from django.utils import timezone
 from django_celery_results.models import TaskResult
 
-from api.models import UsageEvent
 from capacity.config import clear_cache
 from capacity.gate import CapacityGate
 from capacity.store import RedisLanes
-from workers import execution, submission, work
+from workers import execution, submission
 from workers.models import HeavyCall
 
 pytestmark = pytest.mark.django_db
@@ -40,7 +39,6 @@ def admitted(user, queue='es2_knn', **changes):
         id=gate.token, owner=user, endpoint='$match', lane=queue, semantic=True, rows=2, payload={'rows': []},
         fingerprint='f', admission=submission.admission(gate), expires_at=timezone.now() + timedelta(minutes=10),
         **changes)
-    work.charge(call)
     return call
 
 
@@ -80,7 +78,7 @@ def test_a_failing_call_is_failed_refunded_and_releases_its_leases(make_user, la
         execution.run(call.pk, perform=mock.Mock(side_effect=ValueError('no such source')))
     call.refresh_from_db()
     assert call.state == 'failed' and call.error == 'ValueError: no such source'
-    assert UsageEvent.objects.get(call_id=call.pk).refunded_at is not None
+    assert call.refunded_at is not None
     assert scores(lanes, call) == [None] * len(call.admission['keys'])
     assert lines.call_args.args[0]['state'] == 'failed'
 
