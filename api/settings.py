@@ -154,7 +154,7 @@ REDIS_SENTINELS_MASTER = os.environ.get('REDIS_SENTINELS_MASTER', 'mymaster')
 
 # The cache holds DRF's rate-limit history; it must be shared by every API process, so it lives in Redis.
 CACHES = {'default': {
-    'BACKEND': 'django.core.cache.backends.redis.RedisCache',
+    'BACKEND': 'api.cache.RedisCache',
     'LOCATION': os.environ.get('CACHE_REDIS_URL') or REDIS_URL,
     'KEY_PREFIX': 'heavy-lanes',
     'OPTIONS': {'socket_timeout': 1, 'socket_connect_timeout': 1},
@@ -204,6 +204,8 @@ LOGGING = {
 
 # --- Celery: Redis broker (a separate one may be named), results in the database, JSON only.
 CELERY_BROKER_URL = os.environ.get('CELERY_BROKER_URL') or REDIS_URL
+if CELERY_BROKER_URL.split('://', 1)[0] in ('redis', 'rediss'):
+    CELERY_BROKER_TRANSPORT = 'workers.broker:Transport'  # kombu's, with one publishing client per channel
 CELERY_RESULT_BACKEND = 'django-db'
 CELERY_RESULT_EXTENDED = True
 CELERY_TASK_SERIALIZER = 'json'

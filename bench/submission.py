@@ -7,11 +7,11 @@ same concurrency, in runs that alternate; and the heavy call in each capacity mo
 
 A private stack (bench/stack.py): gunicorn with N sync workers, its own Redis and PostgreSQL database, and
 no lane workers, so the measurement is the submission alone (a worker running the calls would take the
-same two cores). Before every run the queues are purged and the lanes, call rows, usage and results are
+same two cores). Before every run the queues are purged and the lanes, call rows and results are
 cleared, so each run starts from the same state. Load comes from `wrk` (one thread) with a Lua script for
 the POST and its headers; one user (demo-core); one row per call (the `interactive` lane).
 
-What each mode does per call: `off` validates, writes the call row and its usage event and publishes the
+What each mode does per call: `off` validates, writes the call row (also its usage record) and publishes the
 message (no Redis lease, no capacity headers); `shadow` also takes a lease in every lane that applies
 (api_heavy, es2_knn, tier, user) with force, so it is always admitted; `enforce` (enforce_for=all, every
 limit at 100,000 so every call is admitted) takes the same leases only when there is room. In shadow and
@@ -101,15 +101,14 @@ def run_wrk(wrk, url, script, connections, seconds):
 # (label, module, class or None, function): the steps of a heavy submission, in the order they run.
 SECTIONS = (
     ('authenticate (token, 1 query)', 'rest_framework.authentication', 'TokenAuthentication', 'authenticate'),
-    ('validate body (find_source, 1 query)', 'concepts.services', None, 'validate_match_body'),
+    ('validate body (find_source, cached per process)', 'concepts.services', None, 'validate_match_body'),
     ('fingerprint (sha256 of the body)', 'workers.submission', None, 'fingerprint'),
     ('gate acquire (1 EVALSHA via the Redis thread)', 'capacity.gate', 'CapacityGate', 'acquire'),
-    ('decision counter (1 HINCRBY)', 'capacity.counters', None, 'record_decision'),
+    ('decision counter (gathered; one flush job at a time)', 'capacity.counters', None, 'record_decision'),
     ('rate limit (DRF throttle: GET + SET)', 'api.views', 'HeavyCallView', 'check_rate_limits'),
     ('admission record (gate.record)', 'workers.submission', None, 'admission'),
-    ('insert call row (BEGIN + INSERT)', 'workers.models', 'HeavyCall', 'save'),
-    ('insert usage event (INSERT)', 'workers.work', None, 'charge'),
-    ('publish (apply_async: LPUSH + PUBLISH task.sent)', 'workers.submission', None, 'send'),
+    ('insert call row, also the usage record (BEGIN + INSERT)', 'workers.models', 'HeavyCall', 'save'),
+    ('publish (apply_async: one LPUSH)', 'workers.submission', None, 'send'),
     ('commit (COMMIT)', 'django.db.backends.base.base', 'BaseDatabaseWrapper', 'commit'),
     ('capacity headers', 'capacity.gate', 'CapacityGate', 'apply_headers'),
 )
