@@ -150,10 +150,16 @@ def client_loop(number, stack, token, deadline, backoff_cap, ledger, lock):
             continue
         task = response.json()
         entry['id'] = task['id']
-        polls = 0
-        while task['state'] in ('queued', 'running') and polls < 60:
-            task = session.get(f'{stack.url}/tasks/{task["id"]}/?wait=10', timeout=40).json()
-            polls += 1
+        # A long poll answers at once when this API host's waiting slots are taken: then its Retry-After
+        # hint says when to look again. Give up only after the queue deadline, far beyond the run.
+        give_up = time.monotonic() + 600
+        while task['state'] in ('queued', 'running') and time.monotonic() < give_up:
+            asked = time.monotonic()
+            poll = session.get(f'{stack.url}/tasks/{task["id"]}/?wait=10', timeout=40)
+            task = poll.json()
+            hint = poll.headers.get('Retry-After')
+            if task['state'] in ('queued', 'running') and time.monotonic() - asked < 1 and hint:
+                time.sleep(min(float(hint), 2.0))
         entry.update(outcome=task['state'], finished=time.monotonic())
         with lock:
             ledger.append(entry)
