@@ -77,12 +77,14 @@ def run(call_id, perform=None, worker=''):
         if not (redelivered and lease.retake(call.admission.get('limits', []))):
             lease.lease_lost = True
             logger.warning('Heavy call %s runs without its leases (lease_lost)', call_id)
+    running_on = f'{worker} pid {os.getpid()}'
     started = HeavyCall.objects.filter(pk=call_id, state__in=OPEN_STATES).update(
-        state=State.RUNNING, started_at=now, attempts=F('attempts') + 1, worker=f'{worker} pid {os.getpid()}')
+        state=State.RUNNING, started_at=now, attempts=F('attempts') + 1, worker=running_on)
     if not started:
         release(call, lease)  # cancelled meanwhile
         return None
-    call.refresh_from_db()
+    # What the UPDATE wrote, without reading the row again (the work needs only its inputs).
+    call.state, call.started_at, call.attempts, call.worker = State.RUNNING, now, call.attempts + 1, running_on
     earlier = stored_result(call_id) if redelivered else None
     if earlier is not None:
         # The earlier delivery stored its result and died before recording success: don't run it twice.
