@@ -15,7 +15,7 @@ from capacity.store import RedisLanes
 logger = logging.getLogger('heavy_lanes')
 ERROR_LENGTH = 300
 SKIPPED = 'skipped: Redis failed recently'
-RELEASE_SKIPPED = 'release skipped: Redis failed recently; the leases will expire'
+RELEASE_DEFERRED = 'release deferred: Redis failed recently; it is sent when Redis answers again'
 
 
 def describe(ex):

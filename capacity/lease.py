@@ -3,13 +3,14 @@
 The token is the call's task id. The API takes the leases (capacity.gate) for as long as the call may
 wait in its queue; the worker that runs it renews them at start (all or nothing: an expired lease is never
 revived), every `renew_seconds` while it runs (up to `max_hold_seconds`), and releases them in `finally`.
+A release that can't reach Redis (the skip window, or an error) is sent again later (capacity.releases).
 A redelivered call (its worker died) takes them again with `retake`: it was admitted once.
 Nothing here raises: errors go through capacity.failopen.
 """
 import threading
 import time
 
-from capacity import counters, failopen
+from capacity import counters, failopen, releases
 from capacity.store import RedisLanes
 
 
@@ -66,12 +67,14 @@ class Lease:
         if not self.holding or not keys:
             return
         if not RedisLanes.is_available():
-            self.error = self.error or failopen.RELEASE_SKIPPED
+            self.error = self.error or failopen.RELEASE_DEFERRED
+            releases.defer(keys, self.token)
             return
         try:
             RedisLanes.release(list(keys), self.token)
         except Exception as ex:  # noqa: BLE001
             failopen.record(self, ex, 'release')
+            releases.defer(keys, self.token)  # idempotent: harmless if Redis ran it after all
 
     def drop(self, keys):
         """Release some lanes now and stop counting them as this call's (e.g. the API host's lane)."""

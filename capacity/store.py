@@ -110,6 +110,8 @@ class RedisLanes:
             cls.scripts, cls.scripts_client = {}, None
             cls.unavailable_until = 0.0
             cls.thread, cls.thread_pid = None, None
+        from capacity import releases  # it imports this module
+        releases.clear()
 
     @classmethod
     def get_script(cls, name, client):

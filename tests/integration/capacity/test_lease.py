@@ -7,7 +7,7 @@ from unittest import mock
 import pytest
 import redis
 
-from capacity import failopen
+from capacity import failopen, releases
 from capacity.constants import Lane
 from capacity.keys import lane_key
 from capacity.lease import Lease, LeaseRenewer
@@ -117,7 +117,9 @@ def test_a_failed_release_or_renewal_is_recorded_not_raised(lanes):
     assert lease.error == 'ConnectionError: gone' and not RedisLanes.is_available()
 
 
-def test_renewal_and_release_skip_redis_after_it_failed(lanes):
+def test_renewal_and_release_skip_redis_after_it_failed_and_the_release_is_sent_after_the_window(
+        lanes, settings):
+    settings.CAPACITY_REDIS_RETRY_SECONDS = 0.3
     lease = held_lease(lanes)
     RedisLanes.mark_unavailable()
     with mock.patch.object(RedisLanes, 'renew') as renew, mock.patch.object(RedisLanes, 'release') as release:
@@ -125,9 +127,47 @@ def test_renewal_and_release_skip_redis_after_it_failed(lanes):
         lease.release()
     renew.assert_not_called()
     release.assert_not_called()
-    assert lease.error == failopen.RELEASE_SKIPPED
-    RedisLanes.unavailable_until = 0
-    assert lanes.zcard(lease.keys[0]) == 1  # left to expire
+    assert lease.error == failopen.RELEASE_DEFERRED
+    assert releases.pending() == {'tok': lease.keys}
+    assert all(lanes.zscore(key, 'tok') for key in lease.keys)  # nothing is sent inside the window
+    wait_for(lambda: not any(lanes.zscore(key, 'tok') for key in lease.keys), 3)
+    assert releases.pending() == {}
+
+
+def test_a_release_that_failed_is_sent_again_once_redis_answers(lanes, settings):
+    settings.CAPACITY_REDIS_RETRY_SECONDS = 0.3
+    lease = held_lease(lanes)
+    real_release = RedisLanes.release
+    calls = []
+
+    def flaky(keys, token):
+        calls.append(token)
+        if len(calls) == 1:
+            raise redis.ConnectionError('gone')
+        return real_release(keys, token)
+    with mock.patch.object(RedisLanes, 'release', side_effect=flaky):
+        lease.release()
+        assert lease.error == 'ConnectionError: gone' and not RedisLanes.is_available()
+        wait_for(lambda: not any(lanes.zscore(key, 'tok') for key in lease.keys), 3)
+    assert calls == ['tok', 'tok']
+
+
+def test_deferred_releases_are_bounded_and_merge_the_keys_of_one_token(lanes, monkeypatch):
+    RedisLanes.mark_unavailable()  # the window holds them back while the test looks
+    monkeypatch.setattr(releases, 'MAX_DEFERRED', 2)
+    releases.defer(['a'], 't1')
+    releases.defer(['b'], 't1')
+    releases.defer(['a'], 't2')
+    releases.defer(['a'], 't3')
+    assert releases.pending() == {'t2': ['a'], 't3': ['a']}
+    releases.clear()
+
+
+def wait_for(condition, timeout):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, 'timed out'
+        time.sleep(0.02)
 
 
 def test_one_redis_error_cant_cost_a_call_two_renewals(settings):
