@@ -92,13 +92,28 @@ def run(call_id, perform=None, worker=''):
         return json.loads(earlier)
     renewer = start_renewer(lease, config)
     try:
-        return perform(call)
+        result = perform(call)
     except Exception as ex:
         release(call, lease, renewer)
-        finish(call_id, State.FAILED, error=f'{type(ex).__name__}: {ex}'[:ERROR_LENGTH])
+        finish(call_id, State.FAILED, error=f'{type(ex).__name__}: {ex}'[:ERROR_LENGTH], call=call)
         raise
     finally:
         release(call, lease, renewer)
+    remember(call)
+    return result
+
+
+# The row of each call this process ran, for `succeed` (the task's on_success, right after run returns in
+# the same process): finish then needn't read it again. Bounded: an entry whose on_success never came
+# (the result couldn't be stored) is dropped with the oldest.
+MAX_REMEMBERED = 64
+_ran = {}
+
+
+def remember(call):
+    _ran[call.pk] = call
+    while len(_ran) > MAX_REMEMBERED:
+        del _ran[next(iter(_ran))]
 
 
 def start_renewer(lease, config):
@@ -126,8 +141,8 @@ def release(call, lease, renewer=None):
         return
     lease.release()
     if lease.lease_lost or lease.error:
-        HeavyCall.objects.filter(pk=call.pk).update(lease_lost=lease.lease_lost,
-                                                    limiter_error=(lease.error or '')[:300])
+        call.lease_lost, call.limiter_error = lease.lease_lost, (lease.error or '')[:300]
+        HeavyCall.objects.filter(pk=call.pk).update(lease_lost=call.lease_lost, limiter_error=call.limiter_error)
 
 
 def stored_result(call_id):
@@ -139,16 +154,23 @@ def stored_result(call_id):
 
 def succeed(call_id):
     """Record that a running call succeeded (its result is stored by the result backend)."""
-    return finish(call_id, State.SUCCEEDED)
+    return finish(call_id, State.SUCCEEDED, call=_ran.pop(call_id, None))
 
 
-def finish(call_id, state, error=''):
-    """Record a running call's final state unless it was cancelled meanwhile; log it and notify once."""
+def finish(call_id, state, error='', call=None):
+    """Record a running call's final state unless it was cancelled meanwhile; log it and notify once.
+
+    `call`: the row as this process last wrote it (run's copy), so it needn't be read again.
+    """
+    finished_at = timezone.now()
     updated = HeavyCall.objects.filter(pk=call_id, state=State.RUNNING).update(
-        state=state, finished_at=timezone.now(), error=error)
+        state=state, finished_at=finished_at, error=error)
     if not updated:
         return False
-    call = HeavyCall.objects.get(pk=call_id)
+    if call is None:
+        call = HeavyCall.objects.get(pk=call_id)
+    else:
+        call.state, call.finished_at, call.error = state, finished_at, error
     if state == State.FAILED:
         work.refund(call)
     log_line(call)

@@ -45,15 +45,42 @@ def publish(call_id, state):
         pass
 
 
+_local = threading.local()  # this thread's subscriber connection, kept between waits
+
+
+def subscriber():
+    """This thread's PubSub: a new connection costs more than the wait's own commands (bench/roundtrip)."""
+    pubsub = getattr(_local, 'pubsub', None)
+    if pubsub is None or _local.pid != os.getpid():
+        # One made before a fork belongs to the parent: dropped, never closed (that would write to its socket).
+        pubsub = _local.pubsub = get_client().pubsub(ignore_subscribe_messages=True)
+        _local.pid = os.getpid()
+    return pubsub
+
+
+def forget_subscriber():
+    pubsub, _local.pubsub = getattr(_local, 'pubsub', None), None
+    if pubsub is not None:
+        try:
+            pubsub.close()
+        except redis.RedisError:
+            pass
+
+
 def wait_for(call_id, is_finished, timeout):
-    """Wait up to `timeout` s until `is_finished()` is true; return its last value."""
+    """Wait up to `timeout` s until `is_finished()` is true; return its last value.
+
+    A message left over from an earlier wait of this thread only makes the loop look at the row once more.
+    """
     if timeout <= 0:
         return is_finished()
     deadline = time.monotonic() + timeout
+    name = channel(call_id)
     try:
-        pubsub = get_client().pubsub(ignore_subscribe_messages=True)
-        pubsub.subscribe(channel(call_id))
+        pubsub = subscriber()
+        pubsub.subscribe(name)
     except redis.RedisError:
+        forget_subscriber()
         pubsub = None
     try:
         while True:
@@ -68,10 +95,11 @@ def wait_for(call_id, is_finished, timeout):
             try:
                 pubsub.get_message(timeout=min(left, 1.0))
             except redis.RedisError:
+                forget_subscriber()
                 pubsub = None
     finally:
         if pubsub is not None:
             try:
-                pubsub.close()
+                pubsub.unsubscribe(name)
             except redis.RedisError:
-                pass
+                forget_subscriber()
