@@ -50,7 +50,7 @@ def defer(keys, token):
 
 
 def pending():
-    """{token: keys} still waiting (tests, status)."""
+    """{token: keys} still waiting (tests)."""
     with _lock:
         return {token: list(keys) for token, keys in _pending.items()}
 
