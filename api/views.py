@@ -232,8 +232,7 @@ class TaskView(APIView):
         if wait and not call.finished:
             with submission.api_worker_slot(wait) as allowed:
                 if allowed:  # else this host's waiting slots are taken: answer now, the client polls
-                    submission.wait(call, wait)
-            call.refresh_from_db()
+                    submission.wait(call, wait)  # keeps the fields the answer shows up to date
         return task_response(call)
 
     @extend_schema(responses={200: TASK, 404: ERROR, 409: ERROR})
