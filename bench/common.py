@@ -48,3 +48,22 @@ def write(name, data):
             'when': time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()), **data}
     (OUT / f'{name}.json').write_text(json.dumps(data, indent=2) + '\n')
     return data
+
+
+def lane_limit(key, tag, config, user_tier):
+    """The configured limit of the lane whose Redis key is `key` (`tag` is its `{prefix}:`), or None.
+
+    `user_tier` maps a user id (as in the key) to its tier; an unknown user counts as preview.
+    """
+    lane, _, part = key[len(tag):].partition(':')
+    if lane == 'api_heavy':
+        return config['api_heavy']['cluster']
+    if lane == 'api_heavy_task':
+        return config['api_heavy']['per_task']
+    if lane == 'es2_knn':
+        return config['es2_knn']
+    if lane == 'tier':
+        return config['tiers'][part]
+    if lane == 'user':
+        return config['per_user'][user_tier.get(part, 'preview')]
+    return None

@@ -32,7 +32,7 @@ import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from common import ROOT, write
+from common import ROOT, lane_limit, write
 from stack import Stack
 
 SAMPLE_SECONDS = 0.05
@@ -189,18 +189,7 @@ def main():
         tag = '{' + settings.CAPACITY_KEY_PREFIX + '}:'
 
         def limit_of(key):
-            lane, _, part = key[len(tag):].partition(':')
-            if lane == 'api_heavy':
-                return config['api_heavy']['cluster']
-            if lane == 'api_heavy_task':
-                return config['api_heavy']['per_task']
-            if lane == 'es2_knn':
-                return config['es2_knn']
-            if lane == 'tier':
-                return config['tiers'][part]
-            if lane == 'user':
-                return config['per_user'][user_tier.get(part, 'preview')]
-            return None
+            return lane_limit(key, tag, config, user_tier)
 
         clients = args.clients_factor * config['api_heavy']['cluster']
         # Warm every pool process (each loads the indexes once) before the clock starts.

@@ -37,7 +37,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 
-from common import write
+from common import lane_limit, write
 from stack import HOME, Stack, _stop_children
 
 from api.run import Child, free_port, tail  # noqa: E402
@@ -194,18 +194,7 @@ def run(args, broker_url):
         reserve = cfg['reserve_single_row']
 
         def limit_of(key):
-            lane, _, part = key[len(tag):].partition(':')
-            if lane == 'api_heavy':
-                return cfg['api_heavy']['cluster']
-            if lane == 'api_heavy_task':
-                return cfg['api_heavy']['per_task']
-            if lane == 'es2_knn':
-                return cfg['es2_knn']
-            if lane == 'tier':
-                return cfg['tiers'][part]
-            if lane == 'user':
-                return cfg['per_user'][user_tier.get(part, 'preview')]
-            return None
+            return lane_limit(key, tag, cfg, user_tier)
 
         # Record every POST answer (the submission) by its Idempotency-Key.
         answers = defaultdict(list)
