@@ -63,7 +63,7 @@ class BareSubmitView(APIView):
         rows = len(request.data.get('rows') or []) if isinstance(request.data, dict) else 0
         call_id = uuid.uuid4().hex
         url = f'/tasks/{call_id}/'
-        return Response({'id': call_id, 'state': 'queued', 'endpoint': MATCH, 'lane': route(MATCH, max(rows, 1), True),
+        return Response({'id': call_id, 'state': 'queued', 'endpoint': MATCH, 'lane': route(MATCH, max(rows, 1), True).name,
                          'url': url, 'created_at': timezone.now()},
                         status=status.HTTP_202_ACCEPTED, headers={'Location': url})
 
@@ -79,7 +79,7 @@ class BareRoundTripView(APIView):
         semantic = request.query_params.get('semantic', '').lower() in TRUTHY
         reranker = request.query_params.get('reranker', '').lower() in TRUTHY
         interval = float(request.query_params.get('interval', DEFAULT_INTERVAL))
-        queue = route(MATCH, len(body['rows']), semantic)
+        queue = route(MATCH, len(body['rows']), semantic).name
         result = bench_match.apply_async(args=[body, semantic, reranker], queue=queue).get(
             timeout=GET_TIMEOUT, interval=interval)
         return Response({'state': 'succeeded', 'result': result})

@@ -12,6 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from capacity import counters
 from capacity.config import get_config
 from capacity.constants import TIERS
+from capacity.decisions import bulk_limit
 from capacity.status import get_status
 from workers.models import FINAL_STATES, HeavyCall
 
@@ -53,7 +54,7 @@ class HeavyLanesCollector:
                 in_flight.add_metric([f'tier:{tier}'], entry['in_flight'])
         for lane, value in (('api_heavy', config['api_heavy']['cluster']), ('es2_knn', config['es2_knn'])):
             limit.add_metric([lane, 'all'], value)
-            limit.add_metric([lane, 'bulk'], max(value - config['reserve_single_row'], 0))
+            limit.add_metric([lane, 'bulk'], bulk_limit(value, config))
         for tier in TIERS:
             limit.add_metric([f'tier:{tier}', 'all'], config['tiers'][tier])
         yield in_flight

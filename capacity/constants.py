@@ -58,7 +58,7 @@ HEADER_SUGGESTED = 'X-OCL-Capacity-Suggested-Concurrency'
 HEADERS = (HEADER_DECISION, HEADER_LIMIT, HEADER_IN_FLIGHT, HEADER_TIER, HEADER_TIER_LIMIT,
            HEADER_TIER_IN_FLIGHT, HEADER_SUGGESTED)
 
-# Queue-backed lanes (workers/lanes/ has one module each). Their names are also the Celery queue names.
+# The queues' names, as keys of the config's queue settings (workers.lanes.QUEUES has the queues themselves).
 INTERACTIVE_QUEUE, ES2_KNN_QUEUE, API_HEAVY_QUEUE = 'interactive', 'es2_knn', 'api_heavy'
 QUEUES = (INTERACTIVE_QUEUE, ES2_KNN_QUEUE, API_HEAVY_QUEUE)
 

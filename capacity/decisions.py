@@ -32,8 +32,7 @@ class Call:
 
     @property
     def single_row(self):
-        # $rerank is never single-row: those calls come from bulk auto-match runs, never from a person.
-        return self.endpoint == MATCH and self.rows == 1
+        return is_single_row(self.endpoint, self.rows)
 
 
 @dataclass(frozen=True)
@@ -55,18 +54,40 @@ class Outcome:
     retry_after: int | None = None
 
 
-def bulk_limit(limit, config, call):
-    return limit if call.single_row else max(limit - config['reserve_single_row'], 0)
+def is_single_row(endpoint, rows):
+    """A person waiting on one row. $rerank is never single-row: it comes from bulk auto-match runs."""
+    return endpoint == MATCH and rows == 1
+
+
+def lane_limit(config, lane):
+    """A shared lane's configured limit (before the single-row reserve)."""
+    if lane == Lane.API_HEAVY:
+        return config['api_heavy']['cluster']
+    if lane == Lane.API_HEAVY_TASK:
+        return config['api_heavy']['per_task']
+    if lane == Lane.ES2_KNN:
+        return config['es2_knn']
+    raise ValueError(f'{lane} has no single configured limit')
+
+
+def bulk_limit(limit, config):
+    """What bulk calls may fill of a lane that keeps `reserve_single_row` slots for single-row calls."""
+    return max(limit - config['reserve_single_row'], 0)
+
+
+def call_limit(config, lane, call):
+    """This call's limit in a reserved lane: the whole lane for a single-row call, else the bulk share."""
+    limit = lane_limit(config, lane)
+    return limit if call.single_row else bulk_limit(limit, config)
 
 
 def lanes_for(config, call, enforced=False):
     """The lanes `call` takes, in order, with this call's limit in each."""
-    lanes = [LaneLimit(Lane.API_HEAVY, (), bulk_limit(config['api_heavy']['cluster'], config, call))]
+    lanes = [LaneLimit(Lane.API_HEAVY, (), call_limit(config, Lane.API_HEAVY, call))]
     if call.waits:
-        lanes.append(LaneLimit(Lane.API_HEAVY_TASK, (call.host,),
-                               bulk_limit(config['api_heavy']['per_task'], config, call)))
+        lanes.append(LaneLimit(Lane.API_HEAVY_TASK, (call.host,), call_limit(config, Lane.API_HEAVY_TASK, call)))
     if call.semantic:
-        lanes.append(LaneLimit(Lane.ES2_KNN, (), bulk_limit(config['es2_knn'], config, call)))
+        lanes.append(LaneLimit(Lane.ES2_KNN, (), call_limit(config, Lane.ES2_KNN, call)))
     lanes.append(LaneLimit(Lane.TIER, (call.tier,), config['tiers'][call.tier]))
     lanes.append(LaneLimit(Lane.USER, (call.user_id,), config['per_user'][call.tier]))
     if enforced:

@@ -5,6 +5,7 @@ error shows as `redis: '<ExcClass>: <message>'`. The queues part (depth, oldest 
 the workers app when it is installed (`workers.status.get_queues`), so this module needs no Celery.
 """
 from capacity.constants import TIERS, Lane
+from capacity.decisions import bulk_limit
 from capacity.failopen import describe
 from capacity.keys import lane_id, lane_key
 from capacity.store import RedisLanes
@@ -22,13 +23,12 @@ def get_status(config):
     except Exception as ex:  # noqa: BLE001 - status reports a broken Redis instead of failing
         status['redis'] = describe(ex)
     else:
-        reserve = config['reserve_single_row']
         status.update({
             'redis': 'ok',
             'api_heavy': {'in_flight': counts[keys[0]], 'limit': config['api_heavy']['cluster'],
-                          'bulk_limit': max(config['api_heavy']['cluster'] - reserve, 0)},
+                          'bulk_limit': bulk_limit(config['api_heavy']['cluster'], config)},
             'es2_knn': {'in_flight': counts[keys[1]], 'limit': config['es2_knn'],
-                        'bulk_limit': max(config['es2_knn'] - reserve, 0)},
+                        'bulk_limit': bulk_limit(config['es2_knn'], config)},
             'tasks': {lane_id(key): {'in_flight': counts[key], 'limit': config['api_heavy']['per_task']}
                       for key in task_keys if counts[key]},
             'tiers': {tier: {'in_flight': counts[key], 'limit': config['tiers'][tier]}

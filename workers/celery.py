@@ -20,7 +20,7 @@ for _name in ('OPENBLAS_NUM_THREADS', 'OMP_NUM_THREADS', 'MKL_NUM_THREADS'):
 if not apps.ready and not apps.loading:
     django.setup()  # a Celery command imports this first; in Django processes WorkersConfig.ready() does
 
-from workers.lanes import LANES  # noqa: E402
+from workers.lanes import QUEUE_NAMES  # noqa: E402
 
 app = Celery('heavy_lanes')
 app.config_from_object('django.conf:settings', namespace='CELERY')
@@ -29,8 +29,8 @@ app.config_from_object('django.conf:settings', namespace='CELERY')
 # message published while they are missing (a fresh or flushed Redis, before any worker declared them)
 # would be dropped: an admitted call must never vanish.
 ANON = Exchange('', type='direct')
-app.conf.task_queues = [Queue(name, ANON, routing_key=name) for name in LANES]
-app.conf.task_default_queue = next(iter(LANES))
+app.conf.task_queues = [Queue(name, ANON, routing_key=name) for name in QUEUE_NAMES]
+app.conf.task_default_queue = QUEUE_NAMES[0]
 app.conf.task_create_missing_queues = False
 # Celery's Django fixup closes the database connection around every task unless told to reuse it; a new
 # PostgreSQL connection per call cost about 8 ms of a 4 ms call (docs/benchmarks.md).

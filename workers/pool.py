@@ -92,7 +92,7 @@ class PoolReconciler(threading.Thread):
         self.app = app
         self.consumer = consumer
         self.hostname = hostname
-        self.queues = [queue for queue in queues if queue in lanes.LANES]
+        self.queues = [queue for queue in queues if queue in lanes.BY_NAME]
         self.interval = interval or settings.WORKERS_RECONCILE_SECONDS
         self.client = client or redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=2)
         self.applied = {}  # queue -> the share last applied
@@ -130,7 +130,7 @@ class PoolReconciler(threading.Thread):
         config = get_config()
         for queue in self.queues:
             nodes = live_nodes(self.client, queue, self.hostname, self.interval * HEARTBEAT_FACTOR)
-            share = share_of(lanes.get_lane(queue).pool_size(config), nodes, self.hostname)
+            share = share_of(lanes.get_queue(queue).pool_size(config), nodes, self.hostname)
             if self.applied.get(queue) != share:
                 self.apply(queue, share)
                 self.applied[queue] = share
@@ -159,7 +159,7 @@ class PoolReconciler(threading.Thread):
     def publish(self, queue, share, config):
         self.client.hset(pool_key(queue), self.hostname, json.dumps({
             'share': share,
-            'configured': lanes.get_lane(queue).pool_size(config),
+            'configured': lanes.get_queue(queue).pool_size(config),
             'processes': self.processes(),
             'consuming': self.consuming(queue),
             'updated': time.time(),
@@ -175,13 +175,13 @@ _served = []  # the lane queues this node was started for (-Q), whether it consu
 def skip_paused_lanes(sender=None, instance=None, **kwargs):
     """Don't start consuming a lane whose pool size is 0: a call it took would run in a paused lane."""
     queues = instance.app.amqp.queues
-    _served[:] = [name for name in (queues.consume_from or {}) if name in lanes.LANES]
+    _served[:] = [name for name in (queues.consume_from or {}) if name in lanes.BY_NAME]
     try:
         config = get_config()
     except Exception:  # noqa: BLE001 - the reconciler sizes the pool once it can read the config
         return
     for name in _served:
-        if lanes.get_lane(name).pool_size(config) == 0:
+        if lanes.get_queue(name).pool_size(config) == 0:
             queues.deselect(name)
             logger.info('Lane %s is paused: %s starts without consuming it', name, sender)
 
@@ -192,7 +192,7 @@ def start_reconciler(sender=None, **kwargs):
     global _reconciler
     consumer = sender
     queues = list(_served) or list(consumer.app.amqp.queues.consume_from or {})
-    if not any(queue in lanes.LANES for queue in queues):
+    if not any(queue in lanes.BY_NAME for queue in queues):
         return
     if type(consumer.pool).__module__ != 'celery.concurrency.prefork':
         logger.warning('Lane pools are sized only on the prefork pool; %s is left as started', consumer.hostname)

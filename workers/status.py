@@ -62,9 +62,10 @@ def oldest_waiting(now=None):
 def get_queues(config):
     ages = oldest_waiting()
     queues = {}
-    for name, lane in lanes.LANES.items():
-        entry = {'carries': (lane.__doc__ or '').strip().splitlines()[0], 'sized_by': lane.SIZED_BY,
-                 'configured_pool': lane.pool_size(config), 'oldest_waiting_seconds': ages.get(name, 0.0)}
+    for queue in lanes.QUEUES:
+        name = queue.name
+        entry = {'carries': queue.carries, 'sized_by': queue.sized_by,
+                 'configured_pool': queue.pool_size(config), 'oldest_waiting_seconds': ages.get(name, 0.0)}
         try:
             entry['depth'] = depth(name)
         except redis.RedisError as ex:

@@ -93,7 +93,7 @@ def submit(request, endpoint, body, semantic=False, reranker=False, idempotency_
     if earlier is not None:
         return Outcome(gate=None, call=earlier, replayed=True)
 
-    queue = route(endpoint, rows, semantic)
+    queue = route(endpoint, rows, semantic).name
     call_id = uuid.uuid4().hex
     gate = CapacityGate.for_request(request, endpoint=endpoint, rows=rows, semantic=semantic, reranker=reranker,
                                     waits=wait_seconds > 0, queue=queue, token=call_id).acquire()

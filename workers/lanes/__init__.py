@@ -1,40 +1,88 @@
-"""Queue-backed lanes: one module each, and the one routing table that maps a heavy call to its lane.
+"""The queues: the one table of queue-backed lanes, and the routing rule that picks a call's queue.
 
-Each lane module names its Celery queue, what it carries, and how its worker pool is sized from the
-capacity config (`pool_size(config)`): a lane's pool size is its limit for the calls it carries, so one
-limit caps both admission (leases) and execution (pool slots). Routing is pure and strict: a lane name
-that isn't in the table raises UnknownLane.
+Vocabulary (docs/architecture.md): a *lane* is a lease lane of the limiter (capacity.constants.Lane); a
+*queue* is the Celery queue a call runs on. Each queue draws on one lane: the queue's worker pool is that
+lane's limit for the calls the queue carries, so one number caps both admission (leases) and execution
+(pool slots). Everything that needs queue facts — Celery's `task_queues`, status, metrics, the launcher,
+the benchmarks and the tests — reads `QUEUES`.
 
-This package imports no Celery, so the API and the capacity app can route without loading workers.
+Pure data and pure functions: no Django, no Celery, so the launcher and the API can use it without loading
+the workers. Routing is strict: a name that isn't in the table raises UnknownQueue.
 """
-from workers.lanes import api_heavy, es2_knn, interactive
+from dataclasses import dataclass
 
-LANES = {lane.QUEUE: lane for lane in (interactive, es2_knn, api_heavy)}
+from capacity.constants import Lane
+from capacity.decisions import bulk_limit, is_single_row, lane_limit
 
 
-class UnknownLane(LookupError):
-    """A lane or queue name that the routing table doesn't have."""
+@dataclass(frozen=True)
+class WorkQueue:
+    """One queue-backed lane: the queue, the lease lane it draws on, and which calls it carries."""
+
+    name: str
+    draws_on: Lane
+    carries: str
+    single_row: bool            # carries single-row $match calls (else bulk calls)
+    semantic: bool | None = None  # None: semantic or not
+
+    def takes(self, endpoint, rows, semantic):
+        return (is_single_row(endpoint, rows) == self.single_row
+                and (self.semantic is None or self.semantic == bool(semantic)))
+
+    @property
+    def sized_by(self):
+        """The config expression its pool size is, for status and docs."""
+        if self.single_row:
+            return 'reserve_single_row'
+        return f'{LANE_CONFIG_PATHS[self.draws_on]} - reserve_single_row'
+
+    def pool_size(self, config):
+        """Pool processes this queue may run at once: the single-row reserve, or its lane's bulk share."""
+        if self.single_row:
+            return config['reserve_single_row']
+        return bulk_limit(lane_limit(config, self.draws_on), config)
+
+
+LANE_CONFIG_PATHS = {Lane.API_HEAVY: 'api_heavy.cluster', Lane.ES2_KNN: 'es2_knn'}
+
+QUEUES = (
+    WorkQueue('interactive', Lane.API_HEAVY,
+              'Single-row `$match` calls (semantic or reranked): a person waiting on one row.', single_row=True),
+    WorkQueue('es2_knn', Lane.ES2_KNN,
+              'Bulk semantic `$match` calls, which run k-nearest-neighbour search on the search backend.',
+              single_row=False, semantic=True),
+    WorkQueue('api_heavy', Lane.API_HEAVY, 'Bulk reranked lexical `$match` calls and every `$rerank` call.',
+              single_row=False, semantic=False),
+)
+BY_NAME = {queue.name: queue for queue in QUEUES}
+QUEUE_NAMES = tuple(BY_NAME)
+
+
+class UnknownQueue(LookupError):
+    """A queue name that the table doesn't have, or a call no queue carries."""
 
     def __init__(self, name):
-        super().__init__(f'Unknown lane "{name}"; the lanes are {", ".join(LANES)}.')
+        super().__init__(f'Unknown queue "{name}"; the queues are {", ".join(QUEUE_NAMES)}.')
         self.name = name
 
 
-def get_lane(name):
+def get_queue(name):
     try:
-        return LANES[name]
+        return BY_NAME[name]
     except KeyError:
-        raise UnknownLane(name) from None
+        raise UnknownQueue(name) from None
 
 
 def route(endpoint, rows, semantic=False):
-    """The lane (= queue name) a heavy call runs on."""
-    for lane in LANES.values():
-        if lane.carries(endpoint, rows, semantic):
-            return lane.QUEUE
-    raise UnknownLane(f'{endpoint} rows={rows} semantic={semantic}')
+    """The queue a heavy call runs on."""
+    for queue in QUEUES:
+        if queue.takes(endpoint, rows, semantic):
+            return queue
+    raise UnknownQueue(f'{endpoint} rows={rows} semantic={semantic}')
 
 
 def pool_sizes(config):
-    """{queue: pool size} for every lane under `config`."""
-    return {name: lane.pool_size(config) for name, lane in LANES.items()}
+    """{queue name: pool size} for every queue under `config`."""
+    return {queue.name: queue.pool_size(config) for queue in QUEUES}
+
+
