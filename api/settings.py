@@ -152,12 +152,13 @@ REDIS_SENTINELS_LIST = [
 ]
 REDIS_SENTINELS_MASTER = os.environ.get('REDIS_SENTINELS_MASTER', 'mymaster')
 
-# The cache holds DRF's rate-limit history; it must be shared by every API process, so it lives in Redis.
+# The cache holds DRF's rate-limit history; it must be shared by every API process, so it lives in Redis
+# (on the one client factory, common.connections: its timeouts are the `cache` role's; Sentinel is followed
+# for the main Redis).
 CACHES = {'default': {
     'BACKEND': 'api.cache.RedisCache',
     'LOCATION': os.environ.get('CACHE_REDIS_URL') or REDIS_URL,
     'KEY_PREFIX': 'heavy-lanes',
-    'OPTIONS': {'socket_timeout': 1, 'socket_connect_timeout': 1},
 }}
 
 # --- Capacity limiter (see docs/architecture.md and capacity/).
@@ -203,7 +204,12 @@ LOGGING = {
 }
 
 # --- Celery: Redis broker (a separate one may be named), results in the database, JSON only.
-CELERY_BROKER_URL = os.environ.get('CELERY_BROKER_URL') or REDIS_URL
+# With REDIS_SENTINELS and no CELERY_BROKER_URL, the broker is the main Redis found through the Sentinels
+# (kombu's Sentinel transport, the master named by REDIS_SENTINELS_MASTER), like every other connection.
+CELERY_BROKER_URL = os.environ.get('CELERY_BROKER_URL') or (';'.join(
+    'sentinel://{auth}{host}:{port}/{db}'.format(auth=f':{REDIS_PASSWORD}@' if REDIS_PASSWORD else '', host=host,
+                                                 port=port, db=REDIS_DB)
+    for host, port in REDIS_SENTINELS_LIST) if REDIS_SENTINELS and REDIS_SENTINELS_LIST else REDIS_URL)
 if CELERY_BROKER_URL.split('://', 1)[0] in ('redis', 'rediss'):
     CELERY_BROKER_TRANSPORT = 'workers.broker:Transport'  # kombu's, with one publishing client per channel
 CELERY_RESULT_BACKEND = 'django-db'
@@ -229,6 +235,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     'socket_timeout': env_float('CELERY_BROKER_SOCKET_TIMEOUT', 2.0),
     'socket_connect_timeout': env_float('CELERY_BROKER_SOCKET_TIMEOUT', 2.0),
 }
+if CELERY_BROKER_URL.startswith('sentinel://'):
+    CELERY_BROKER_TRANSPORT_OPTIONS['master_name'] = REDIS_SENTINELS_MASTER
+    if REDIS_PASSWORD:
+        CELERY_BROKER_TRANSPORT_OPTIONS['sentinel_kwargs'] = {'password': REDIS_PASSWORD}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Publishing happens inside a request: fail fast (the API answers 503) instead of retrying for seconds.
 CELERY_TASK_PUBLISH_RETRY_POLICY = {'max_retries': 1, 'interval_start': 0, 'interval_step': 0.2,

@@ -12,7 +12,6 @@ problem found.
 """
 import copy
 import logging
-import os
 import threading
 import time
 
@@ -26,6 +25,7 @@ from capacity.constants import (
 )
 from capacity.logs import emit
 from capacity.models import CapacityConfig
+from common.process import PerProcess
 
 logger = logging.getLogger('heavy_lanes')
 
@@ -191,17 +191,8 @@ def read_current():
 
 # (config, expires_at on the monotonic clock), replaced as a whole so the fast path reads it without the lock.
 _cache = (None, 0.0)
-_cache_lock = threading.Lock()
-
-
-def _after_fork():
-    # A lane worker forks pool processes while its reconciler thread may hold this lock; a child that
-    # inherited it held would wait forever on its first get_config().
-    global _cache_lock
-    _cache_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork)
+# A lane worker forks pool processes while its reconciler thread may hold the lock: a child gets a new one.
+_cache_lock = PerProcess(threading.Lock)
 
 
 def get_config():
@@ -214,7 +205,7 @@ def get_config():
     config, expires_at = _cache
     if config is not None and started < expires_at:
         return config
-    with _cache_lock:
+    with _cache_lock.get():
         config, expires_at = _cache
         if config is not None and started < expires_at:  # another thread refreshed it while we waited
             return config

@@ -48,6 +48,11 @@ def lane_key(lane, *parts):
     return key
 
 
+def counters_key():
+    """The hash of cluster-wide event counters (capacity.counters)."""
+    return lane_key(STATS_LANE, 'counters')
+
+
 def expired_key():
     """The plain counter of leases that expired without a release (acquire adds the leases it prunes)."""
     return lane_key(STATS_LANE, 'expired')
@@ -67,3 +72,21 @@ def lane_id(key):
     if isinstance(key, bytes):
         key = key.decode()
     return key.rsplit(':', 1)[-1]
+
+
+# Not lane keys (no hash tag: they are never in a script with the lanes), under the same prefix.
+
+def nodes_key(queue):
+    """The sorted set of live worker nodes serving `queue`, scored by heartbeat expiry (workers.pool)."""
+    return f'{settings.CAPACITY_KEY_PREFIX}:nodes:{queue}'
+
+
+def pool_key(queue):
+    """The hash of what each node serving `queue` last published about its pool (workers.pool)."""
+    return f'{settings.CAPACITY_KEY_PREFIX}:pool:{queue}'
+
+
+def notice_channel(call_id):
+    """The pub/sub channel a call's end is announced on (workers.notify). Not under the prefix: call ids
+    are unique on their own, and every process agrees."""
+    return f'heavy-lanes:done:{call_id}'

@@ -5,14 +5,16 @@ queue is full the line is dropped and counted; the next line that gets through c
 that count. At exit a process waits at most DRAIN_SECONDS for queued lines (gunicorn recycles workers and
 `manage.py capacity` exits right after logging).
 
-This module imports nothing from Django, so subprocess tests can check that a process exits.
+This module imports nothing from Django (common.process doesn't either), so subprocess tests can check that
+a process exits.
 """
 import atexit
 import json
-import os
 import queue
 import sys
 import threading
+
+from common.process import PerProcess
 
 MAX_QUEUED_LINES = 1000
 DRAIN_SECONDS = 2.0
@@ -72,29 +74,12 @@ class LineSink:
             return self.condition.wait_for(lambda: self.pending == 0, timeout=timeout)
 
 
-_sink = None
-_sink_pid = None
-_sink_lock = threading.Lock()
-
-
-def _after_fork():
-    # The child gets its own sink (get_sink checks the pid); the lock may have been held by another thread.
-    global _sink_lock
-    _sink_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork)
+_sinks = PerProcess(LineSink)
 
 
 def get_sink():
     """The sink of this process, made on first use and again after a fork."""
-    global _sink, _sink_pid
-    pid = os.getpid()
-    if _sink is None or _sink_pid != pid:
-        with _sink_lock:
-            if _sink is None or _sink_pid != pid:
-                _sink, _sink_pid = LineSink(), pid
-    return _sink
+    return _sinks.get()
 
 
 def emit(record):
@@ -104,15 +89,13 @@ def emit(record):
 
 def reset():
     """Forget this process's sink (tests)."""
-    global _sink, _sink_pid
-    with _sink_lock:
-        _sink, _sink_pid = None, None
+    _sinks.clear()
 
 
 @atexit.register
 def drain(timeout=DRAIN_SECONDS):
     """Wait at most `timeout` s for this process's queued lines; True when none is left."""
-    sink = _sink
-    if sink is None or _sink_pid != os.getpid():
+    sink = _sinks.peek()
+    if sink is None:
         return True
     return sink.drain(timeout)

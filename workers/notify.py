@@ -8,33 +8,13 @@ import threading
 import time
 
 import redis
-from django.conf import settings
 
-_client = None
-_lock = threading.Lock()
-
-
-def _after_fork():
-    # A forked pool process gets a lock nobody holds and its own connection pool (redis-py checks the pid).
-    global _lock
-    _lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork)
+from capacity.keys import notice_channel as channel
+from common import connections
 
 
 def get_client():
-    global _client
-    if _client is None:
-        with _lock:
-            if _client is None:
-                _client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1)
-    return _client
-
-
-def channel(call_id):
-    # Not under the capacity key prefix: call ids are unique on their own, and every process agrees.
-    return f'heavy-lanes:done:{call_id}'
+    return connections.connect('notices')
 
 
 def publish(call_id, state):

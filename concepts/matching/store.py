@@ -33,6 +33,7 @@ from concepts.errors import ConceptsError
 from concepts.matching.embedders import make_embedder
 from concepts.matching.index import LexicalIndex, SemanticIndex
 from concepts.matching.table import ConceptRow, ConceptTable
+from common.process import PerProcess
 from concepts.terminology import concepts_checksum
 
 try:
@@ -44,19 +45,11 @@ DEFAULT_CACHE_SIZE = 8
 READ_ATTEMPTS = 3
 BUILDS = Counter()
 
+# Loaded parts are inherited by a forked pool process (copy-on-write); the locks are not: pool processes are
+# forked from a worker whose other threads may hold them at that moment, so each process gets its own.
 _cache = OrderedDict()
-_cache_lock = threading.Lock()
-_build_locks = {}
-
-
-def _after_fork():
-    # Pool processes are forked from a worker whose other threads may hold these locks at that moment.
-    global _cache_lock
-    _cache_lock = threading.Lock()
-    _build_locks.clear()
-
-
-os.register_at_fork(after_in_child=_after_fork)
+_cache_lock = PerProcess(threading.Lock)
+_build_locks = PerProcess(dict)
 
 
 @dataclass(frozen=True)
@@ -134,17 +127,17 @@ def _table(source, key):
 
 def _get(directory, kind, build, load):
     name = str(directory)
-    with _cache_lock:
+    with _cache_lock.get():
         if name in _cache:
             _cache.move_to_end(name)
             return _cache[name]
-        part_lock = _build_locks.setdefault(name, threading.Lock())
+        part_lock = _build_locks.get().setdefault(name, threading.Lock())
     with part_lock:  # one thread per process builds or loads a part; the others then find it cached
-        with _cache_lock:
+        with _cache_lock.get():
             if name in _cache:
                 return _cache[name]
         index = _load_or_build(directory, kind, build, load)
-        with _cache_lock:
+        with _cache_lock.get():
             _cache[name] = index
             while len(_cache) > getattr(settings, 'CONCEPTS_INDEX_CACHE_SIZE', DEFAULT_CACHE_SIZE):
                 _cache.popitem(last=False)
@@ -185,7 +178,7 @@ def _file_lock(path):
 
 def clear_cache():
     """Forget every loaded part in this process (the files stay): the next call loads from disk."""
-    with _cache_lock:
+    with _cache_lock.get():
         _cache.clear()
 
 

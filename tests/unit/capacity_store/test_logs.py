@@ -77,8 +77,7 @@ def test_a_blocked_log_sink_never_blocks_the_call(stream):
 
 def test_drain_waits_for_a_line_being_written(stream, monkeypatch):
     sink = logs.LineSink(stream=stream)
-    monkeypatch.setattr(logs, '_sink', sink)
-    monkeypatch.setattr(logs, '_sink_pid', os.getpid())
+    logs._sinks.set(sink)
     sink.put({'n': 1})
     assert stream.entered.wait(2)  # the writer took the line off the queue and is writing it
     assert sink.lines.empty()
@@ -86,6 +85,7 @@ def test_drain_waits_for_a_line_being_written(stream, monkeypatch):
     threading.Timer(0.2, stream.gate.set).start()
     assert logs.drain(2)
     assert stream.lines == ['{"n":1}']
+    logs.reset()
 
 
 def test_concurrent_emitters_keep_the_dropped_count_right():
@@ -112,11 +112,11 @@ def test_concurrent_emitters_keep_the_dropped_count_right():
     assert len(stream.lines) + reported + sink.dropped == 200
 
 
-def test_each_process_gets_its_own_sink(monkeypatch):
-    monkeypatch.setattr(logs, '_sink', None)
-    monkeypatch.setattr(logs, '_sink_pid', None)
+def test_each_process_gets_its_own_sink():
+    logs.reset()
     sink = logs.get_sink()
     assert logs.get_sink() is sink
-    monkeypatch.setattr(logs, '_sink_pid', -1)  # as a forked child sees its parent's sink
+    logs._sinks._state = (-1, sink)  # as a forked child sees its parent's sink
     assert logs.get_sink() is not sink
     assert logs.drain(0.1)  # nothing queued
+    logs.reset()

@@ -1,0 +1,1 @@
+"""Process plumbing every part of the service shares: per-process state and Redis connections."""
