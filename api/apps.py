@@ -1,7 +1,7 @@
 from django.apps import AppConfig
 
 
-class ApiConfig(AppConfig):
+class ApiApp(AppConfig):
     name = 'api'
     label = 'api'
     verbose_name = 'Heavy Lanes HTTP API'

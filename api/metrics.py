@@ -99,10 +99,10 @@ class HeavyLanesCollector:
     def calls(self):
         open_calls = gauge('calls_open', 'Calls queued or running, by queue and state.', ['queue', 'state'])
         finished = counter('calls_finished', 'Calls that ended, by queue and final state.', ['queue', 'state'])
-        rows = HeavyCall.objects.values('lane', 'state').annotate(n=Count('id')).order_by('lane', 'state')
+        rows = HeavyCall.objects.values('queue', 'state').annotate(n=Count('id')).order_by('queue', 'state')
         for row in rows:
             family = finished if row['state'] in FINAL_STATES else open_calls
-            family.add_metric([row['lane'], row['state']], row['n'])
+            family.add_metric([row['queue'], row['state']], row['n'])
         yield open_calls
         yield finished
 

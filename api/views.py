@@ -1,8 +1,8 @@
 """The HTTP layer: heavy-call views, task handles, health. Views validate, call a service, and render.
 
-Order inside a heavy call: authentication, permissions, body validation, the capacity gate, then the DRF
-rate throttles, then usage metering and the queue (workers.submission). A capacity refusal therefore costs
-no throttle allowance and no metered usage.
+Order inside a heavy call, as `HeavyCallView.submit` reads: authentication, permissions, body validation,
+the capacity gate, then the DRF rate throttles, then usage metering and the queue (workers.submission). A
+capacity refusal therefore costs no throttle allowance and no metered usage.
 """
 from django.db import connection
 from drf_spectacular.types import OpenApiTypes
@@ -14,10 +14,11 @@ from rest_framework.views import APIView
 
 from api import errors, prefer
 from api.throttles import HeavyRateThrottle
-from capacity.caller import parse_event_metadata
+from capacity.admission import headers, refusal_body
+from capacity.caller import RequestFacts
 from capacity.config import get_config
 from capacity.constants import MATCH, RERANK
-from workers import submission
+from workers import lifecycle, submission
 from workers.models import FINAL_STATES, HeavyCall, State
 
 TRUTHY = ('true', '1', 'yes', 'on')
@@ -42,25 +43,22 @@ def task_url(call_id):
 
 
 def handle_body(call):
-    """The 202 body: a handle to poll."""
-    return {'id': call.pk, 'state': call.state, 'endpoint': call.endpoint, 'lane': call.lane,
+    """The 202 body: a handle to poll. `lane` is the call's queue (the name clients already read)."""
+    return {'id': call.pk, 'state': call.state, 'endpoint': call.endpoint, 'lane': call.queue,
             'url': task_url(call.pk), 'created_at': call.created_at}
 
 
 def task_body(call):
     """GET /tasks/<id>/: state, timings, position while queued, result or error once finished."""
-    body = {'id': call.pk, 'state': call.state, 'endpoint': call.endpoint, 'lane': call.lane,
+    body = {'id': call.pk, 'state': call.state, 'endpoint': call.endpoint, 'lane': call.queue,
             'url': task_url(call.pk), 'created_at': call.created_at, 'started_at': call.started_at,
             'finished_at': call.finished_at}
     if call.state == State.QUEUED:
-        body['position'] = submission.position(call)
+        body['position'] = lifecycle.position(call)
     if call.state == State.SUCCEEDED:
-        body['result'] = submission.result_of(call)
+        body['result'] = lifecycle.result(call)
     if call.state in (State.FAILED, State.CANCELLED, State.EXPIRED):
-        body['error'] = call.error or {
-            State.CANCELLED: 'The call was cancelled.',
-            State.EXPIRED: 'The call waited in its queue past its deadline and was not run.',
-        }.get(call.state, 'The call failed.')
+        body['error'] = lifecycle.error_of(call)
     return body
 
 
@@ -115,6 +113,17 @@ HEAVY_PARAMETERS = [
 ]
 
 
+def accepted(call):
+    return Response(handle_body(call), status=status.HTTP_202_ACCEPTED, headers={'Location': task_url(call.pk)})
+
+
+def idempotency_key(request):
+    key = request.headers.get('Idempotency-Key') or None
+    if key is not None and len(key) > 255:
+        raise errors.exceptions.ValidationError({'Idempotency-Key': ['At most 255 characters.']})
+    return key
+
+
 class HeavyCallView(APIView):
     """A heavy call: validated, gated, throttled, metered, queued; answered 202, 200 (waited) or 429."""
 
@@ -136,34 +145,38 @@ class HeavyCallView(APIView):
 
     def submit(self, request, body, semantic, reranker):
         config = get_config()
-        metadata = parse_event_metadata(request.META.get('HTTP_X_OCL_EVENT_METADATA'))
-        aware = str(metadata.get('capacity_aware')).lower() in ('true', '1')
+        facts = RequestFacts.from_meta(request.META)
         wait = prefer.wait_seconds(request.headers.get('Prefer'), config['wait']['default_seconds'],
-                                   config['wait']['max_seconds'], capacity_aware=aware)
-        key = request.headers.get('Idempotency-Key') or None
-        if key is not None and len(key) > 255:
-            raise errors.exceptions.ValidationError({'Idempotency-Key': ['At most 255 characters.']})
+                                   config['wait']['max_seconds'], capacity_aware=facts.aware)
+        heavy = submission.prepare(request.user, self.endpoint, body, semantic=semantic, reranker=reranker,
+                                   idempotency_key=idempotency_key(request), waits=wait > 0, facts=facts)
         try:
-            outcome = submission.submit(request, self.endpoint, body, semantic=semantic, reranker=reranker,
-                                        idempotency_key=key, wait_seconds=wait, admit=self.check_rate_limits)
+            earlier = submission.replay(heavy)
         except submission.IdempotencyConflict as ex:
             raise errors.Unprocessable(str(ex)) from ex
+        if earlier is not None:
+            return accepted(earlier)
+
+        admission = self.admission = submission.admit(heavy)
+        if admission.refused:
+            return Response(refusal_body(admission), status=status.HTTP_429_TOO_MANY_REQUESTS)
+        with submission.holding(admission):
+            self.check_rate_limits()
+        try:
+            call = submission.enqueue(heavy, admission)
         except submission.BrokerUnavailable as ex:
             raise errors.ServiceUnavailable(str(ex)) from ex
-        self.capacity_gate = outcome.gate
-        if outcome.refused:
-            return Response(outcome.gate.refusal_body(), status=status.HTTP_429_TOO_MANY_REQUESTS)
-        call = outcome.call
-        if wait and not outcome.replayed and submission.wait(call, wait, gate=outcome.gate):
+        if call.pk != heavy.call_id:  # another request with this Idempotency-Key won the race
+            self.admission = None
+            return accepted(call)
+        if wait and submission.wait(call, wait, admission):
             return task_response(call)
-        return Response(handle_body(call), status=status.HTTP_202_ACCEPTED,
-                        headers={'Location': task_url(call.pk)})
+        return accepted(call)
 
     def finalize_response(self, request, response, *args, **kwargs):
         response = super().finalize_response(request, response, *args, **kwargs)
-        gate = getattr(self, 'capacity_gate', None)
-        if gate is not None:
-            gate.apply_headers(response)
+        for name, value in headers(getattr(self, 'admission', None)).items():
+            response[name] = value
         return response
 
 
@@ -218,7 +231,7 @@ class TaskView(APIView):
         # Anyone but the owner and staff gets the same 404 as for an id that doesn't exist.
         if call is None or not (call.owner_id == request.user.pk or request.user.is_staff):
             raise errors.exceptions.NotFound('No such task.')
-        return submission.expire_if_overdue(call)
+        return lifecycle.expire(call)
 
     @extend_schema(parameters=[OpenApiParameter('wait', OpenApiTypes.INT, description='Long-poll up to N s.')],
                    responses={200: TASK, 404: ERROR})
@@ -230,15 +243,15 @@ class TaskView(APIView):
             raise errors.exceptions.ValidationError({'wait': ['Must be a whole number of seconds.']}) from None
         wait = max(0, min(wait, get_config()['wait']['max_seconds'], MAX_POLL_SECONDS))
         if wait and not call.finished:
-            with submission.api_worker_slot(wait) as allowed:
+            with submission.waiting_slot(request.user, wait, RequestFacts.from_meta(request.META)) as allowed:
                 if allowed:  # else this host's waiting slots are taken: answer now, the client polls
-                    submission.wait(call, wait)  # keeps the fields the answer shows up to date
+                    lifecycle.wait(call, wait)  # keeps the fields the answer shows up to date
         return task_response(call)
 
     @extend_schema(responses={200: TASK, 404: ERROR, 409: ERROR})
     def delete(self, request, call_id):
         call = self.get_call(request, call_id)
-        if not submission.cancel(call):
+        if lifecycle.cancel(call) is None:
             raise errors.Conflict(f'The task already ended ({call.state}).')
         return task_response(call)
 

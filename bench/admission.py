@@ -27,29 +27,33 @@ def main():
     from django.contrib.auth.models import Group, User
     from django.conf import settings
 
+    from capacity import gate as capacity_gate
     from capacity.config import clear_cache, save_config
-    from capacity.gate import CapacityGate
     from capacity.keys import expired_key, lane_key
-    from capacity.store import RedisLanes, read_script
+    from capacity.store import LaneStore, read_script, use_store
+    from workers.lanes import get_queue
 
     many = {tier: HIGH for tier in ('staff', 'core', 'early_access', 'preview')}
     save_config({'api_heavy': {'cluster': HIGH, 'per_task': HIGH}, 'es2_knn': HIGH, 'tiers': many,
                  'per_user': many, 'max_hold_seconds': 900})
     clear_cache()
     client = redis.Redis.from_url(args.redis)
-    RedisLanes.use_client(redis.Redis.from_url(args.redis, socket_timeout=1, socket_connect_timeout=1))
+    use_store(LaneStore(redis.Redis.from_url(args.redis, socket_timeout=1, socket_connect_timeout=1)))
     raw = redis.Redis.from_url(args.redis)  # the floor's own connection
     acquire_sha = raw.script_load(read_script('acquire'))
     user = User.objects.create_user('bench-core')
     user.groups.add(Group.objects.get_or_create(name=settings.CORE_USER_GROUP)[0])
 
-    def gate():
-        return CapacityGate(user, '$match', rows=10, semantic=True, waits=True, queue='es2_knn')
+    queue = get_queue('es2_knn')
 
-    probe = gate().acquire()
+    def admit():
+        return capacity_gate.admit(user, endpoint='$match', rows=10, semantic=True, waits=True, queue=queue.name,
+                                   draws_on=queue.draws_on)
+
+    probe = admit()
     assert len(probe.keys) == 5 and probe.decision == 'admitted', probe.decision
     keys, limits = probe.keys, [HIGH] * 5
-    probe.release()
+    capacity_gate.release(probe)
 
     def floor():
         token = uuid.uuid4().hex
@@ -66,9 +70,9 @@ def main():
             floor_tokens.append(None)
             samples['floor'].append(timed(lambda: floor_tokens.__setitem__(-1, floor())))
             holder = {}
-            samples['acquire'].append(timed(lambda: holder.setdefault('g', gate().acquire())))
-            holder['g'].release()
-            samples['acquire_release'].append(timed(lambda: gate().acquire().release()))
+            samples['acquire'].append(timed(lambda: holder.setdefault('g', admit())))
+            capacity_gate.release(holder['g'])
+            samples['acquire_release'].append(timed(lambda: capacity_gate.release(admit())))
             # Release the floor's leases so the lanes don't grow during the run.
             pipe = raw.pipeline(transaction=False)
             for key in keys:

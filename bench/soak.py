@@ -266,7 +266,7 @@ def run(args, broker_url):
         call, pid = running_call()
         if call is not None:
             os.kill(pid, signal.SIGKILL)
-            faults['pool_kill'] = {'t': elapsed(), 'call': call.id, 'lane': call.lane, 'pid': pid,
+            faults['pool_kill'] = {'t': elapsed(), 'call': call.id, 'lane': call.queue, 'pid': pid,
                                    'worker': call.worker}
         else:
             faults['pool_kill'] = {'t': elapsed(), 'call': None, 'note': 'no running call found in 8 s'}
@@ -275,7 +275,7 @@ def run(args, broker_url):
         # Fault 2: SIGKILL a whole lane worker node (prefer one running a bulk call), start it again.
         at(0.40)
         call, _ = running_call(('es2_knn', 'api_heavy'), timeout=5.0)
-        queue = call.lane if call is not None else 'es2_knn'
+        queue = call.queue if call is not None else 'es2_knn'
         old = stack.children[f'worker-{queue}']
         running_there = list(HeavyCall.objects.filter(state='running', lane=queue).values_list('id', flat=True))
         old.signal_group(signal.SIGKILL)
@@ -336,7 +336,7 @@ def run(args, broker_url):
         expired_members = {key[len(tag):]: n for key in stack.lane_keys() if (n := stack.redis.zcard(key))}
         depths, unacked = broker_depths(broker_client)
         rows = {row['id']: row for row in HeavyCall.objects.values(
-            'id', 'state', 'attempts', 'idempotency_key', 'lane', 'worker', 'lease_lost', 'error')}
+            'id', 'state', 'attempts', 'idempotency_key', 'queue', 'worker', 'lease_lost', 'error')}
         states = Counter(row['state'] for row in rows.values())
         not_final = [cid for cid, row in rows.items() if row['state'] not in FINAL]
         result_ids = Counter(TaskResult.objects.values_list('task_id', flat=True))

@@ -103,14 +103,14 @@ SECTIONS = (
     ('authenticate (token, 1 query)', 'rest_framework.authentication', 'TokenAuthentication', 'authenticate'),
     ('validate body (find_source, cached per process)', 'concepts.services', None, 'validate_match_body'),
     ('fingerprint (sha256 of the body)', 'workers.submission', None, 'fingerprint'),
-    ('gate acquire (1 EVALSHA via the Redis thread)', 'capacity.gate', 'CapacityGate', 'acquire'),
+    ('gate acquire (1 EVALSHA via the Redis thread)', 'capacity.gate', None, 'admit'),
     ('decision counter (gathered; one flush job at a time)', 'capacity.counters', None, 'record_decision'),
     ('rate limit (DRF throttle: GET + SET)', 'api.views', 'HeavyCallView', 'check_rate_limits'),
-    ('admission record (gate.record)', 'workers.submission', None, 'admission'),
+    ('admission record (Admission.to_json)', 'capacity.admission', 'Admission', 'to_json'),
     ('insert call row, also the usage record (BEGIN + INSERT)', 'workers.models', 'HeavyCall', 'save'),
-    ('publish (apply_async: one LPUSH)', 'workers.submission', None, 'send'),
+    ('publish (send_task: one LPUSH)', 'workers.lifecycle', None, 'send'),
     ('commit (COMMIT)', 'django.db.backends.base.base', 'BaseDatabaseWrapper', 'commit'),
-    ('capacity headers', 'capacity.gate', 'CapacityGate', 'apply_headers'),
+    ('capacity headers', 'api.views', None, 'headers'),
 )
 
 

@@ -1,6 +1,6 @@
 from django.apps import AppConfig
 
 
-class CapacityConfig(AppConfig):
+class CapacityApp(AppConfig):
     name = 'capacity'
     verbose_name = 'Capacity limiter'

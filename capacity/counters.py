@@ -4,24 +4,27 @@ shadow-refused call; renewals that failed. One hash under the lane prefix; incre
 process and reach Redis on the lane store's Redis thread, and never delay or fail a call.
 """
 import logging
-import os
 import threading
 from collections import Counter
 
-from capacity.keys import lane_key
-from capacity.store import RedisLanes
+from capacity.keys import counters_key
+from capacity.store import get_store
+from common.process import PerProcess
 
 logger = logging.getLogger('heavy_lanes')
 SEPARATOR = '|'
 
 
-def counters_key():
-    return lane_key('stats', 'counters')
+class Pending:
+    """Increments gathered in this process and not yet sent."""
+
+    def __init__(self):
+        self.counts = Counter()  # field -> increments
+        self.lock = threading.Lock()
+        self.flush_queued = False
 
 
-_pending = Counter()  # field -> increments not yet sent
-_pending_lock = threading.Lock()
-_flush_queued = False
+_pending = PerProcess(Pending)
 
 
 def increment(*fields):
@@ -31,61 +34,53 @@ def increment(*fields):
     thread, so counters never hold more than one of its few queue places (the calls' own operations need
     them). A counter never costs a call anything: when they can't be sent they are dropped.
     """
-    global _flush_queued
-    if not fields or not RedisLanes.is_available():
+    store = get_store()
+    if not fields or not store.is_available():
         return
-    with _pending_lock:
+    pending = _pending.get()
+    with pending.lock:
         for labels in fields:
-            _pending[SEPARATOR.join(str(label) for label in labels)] += 1
-        if _flush_queued:
+            pending.counts[SEPARATOR.join(str(label) for label in labels)] += 1
+        if pending.flush_queued:
             return
-        _flush_queued = True
+        pending.flush_queued = True
     try:
-        RedisLanes.get_redis_thread().submit(_flush, RedisLanes.get_client(), counters_key())
+        store.thread.submit(_flush, store, pending)
     except Exception as ex:  # noqa: BLE001 - the thread is busy: keep the counts for the next flush
-        with _pending_lock:
-            _flush_queued = False
+        with pending.lock:
+            pending.flush_queued = False
         logger.debug('Capacity counters not sent yet (%s)', ex)
 
 
-def _flush(client, key):
+def _flush(store, pending):
     """Send the gathered increments (on the Redis thread); on an error they are dropped."""
-    global _flush_queued
-    with _pending_lock:
-        counts = dict(_pending)
-        _pending.clear()
-        _flush_queued = False
+    with pending.lock:
+        counts = dict(pending.counts)
+        pending.counts.clear()
+        pending.flush_queued = False
     if counts:
-        pipe = client.pipeline(transaction=False)
+        pipe = store.client.pipeline(transaction=False)
+        key = counters_key()
         for name, count in counts.items():
             pipe.hincrby(key, name, count)
         pipe.execute()
 
 
-def _after_fork():
-    global _pending_lock, _flush_queued
-    _pending_lock = threading.Lock()
-    _pending.clear()
-    _flush_queued = False
-
-
-os.register_at_fork(after_in_child=_after_fork)
-
-
-def record_decision(gate, queue):
-    """Count one gated call: its decision, and each lane it found full."""
-    if gate is None or gate.decision is None:
-        return
-    fields = [('decision', queue, gate.tier or 'unknown', gate.decision)]
-    fields += [('full', lane, gate.tier or 'unknown', gate.decision) for lane in gate.full]
-    increment(*fields)
-
-
 def read():
     """{(kind, *labels): count} for every counter."""
-    raw = RedisLanes.call(lambda client: client.hgetall(counters_key()), RedisLanes.get_client())
+    raw = get_store().command('hgetall', counters_key())
     counts = {}
     for field, value in raw.items():
         field = field.decode() if isinstance(field, bytes) else field
         counts[tuple(field.split(SEPARATOR))] = int(value)
     return counts
+
+
+def record_decision(admission, queue):
+    """Count one gated call: its decision, and each lane it found full."""
+    if admission is None or admission.decision is None:
+        return
+    tier = admission.tier or 'unknown'
+    fields = [('decision', queue, tier, admission.decision)]
+    fields += [('full', lane, tier, admission.decision) for lane in admission.full]
+    increment(*fields)

@@ -4,21 +4,17 @@ Which lanes a call takes and their limits, which lanes are full, the decision, R
 refusal names, the concurrency a client should use, and the 429 body. capacity.gate feeds these with what
 the lane store returned.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from capacity.constants import (
-    API_HEAVY_QUEUE, ERROR_CODE, ES2_KNN_QUEUE, INTERACTIVE_QUEUE, MATCH, Decision, Lane,
-)
+from capacity.constants import ENFORCE, ERROR_CODE, MATCH, Decision, Lane
 
-# The lane whose limit a queue's waiting room (queue.max_waiting) extends in enforce mode.
-QUEUE_LANES = {INTERACTIVE_QUEUE: Lane.API_HEAVY, ES2_KNN_QUEUE: Lane.ES2_KNN, API_HEAVY_QUEUE: Lane.API_HEAVY}
 # Lanes where slots are reserved for single-row calls: bulk calls may fill them only to limit - reserve.
 RESERVED_LANES = (Lane.API_HEAVY, Lane.API_HEAVY_TASK, Lane.ES2_KNN)
 
 
 @dataclass(frozen=True)
 class Call:
-    """What the limiter needs to know about one heavy call."""
+    """What the limiter needs to know about one heavy call (or one request that only waits)."""
 
     endpoint: str
     rows: int
@@ -29,6 +25,8 @@ class Call:
     waits: bool = False  # holds an API worker while it waits for its result (Prefer: wait)
     host: str = ''       # the API host, for the api_heavy_task lane
     queue: str = ''      # the Celery queue it will run on ('' when it runs nowhere, e.g. tests)
+    draws_on: Lane | None = None  # the lane whose limit sizes that queue's pool (its waiting room's lane)
+    wait_slot: bool = False  # only waits for another call (a long poll): this host's lane and nothing else
 
     @property
     def single_row(self):
@@ -42,16 +40,6 @@ class LaneLimit:
     lane: Lane
     parts: tuple = ()
     limit: int = 0
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What acquiring decided, from the counts each lane had before this call."""
-
-    decision: Decision
-    full: tuple = ()
-    counts: dict = field(default_factory=dict)  # lane -> count including this call when it took a lease
-    retry_after: int | None = None
 
 
 def is_single_row(endpoint, rows):
@@ -83,6 +71,8 @@ def call_limit(config, lane, call):
 
 def lanes_for(config, call, enforced=False):
     """The lanes `call` takes, in order, with this call's limit in each."""
+    if call.wait_slot:
+        return [LaneLimit(Lane.API_HEAVY_TASK, (call.host,), lane_limit(config, Lane.API_HEAVY_TASK))]
     lanes = [LaneLimit(Lane.API_HEAVY, (), call_limit(config, Lane.API_HEAVY, call))]
     if call.waits:
         lanes.append(LaneLimit(Lane.API_HEAVY_TASK, (call.host,), call_limit(config, Lane.API_HEAVY_TASK, call)))
@@ -98,11 +88,10 @@ def lanes_for(config, call, enforced=False):
 def with_waiting_room(config, call, lanes):
     """Let up to queue.max_waiting[queue] calls beyond the limit wait in the queue (never a paused lane)."""
     room = config['queue']['max_waiting'].get(call.queue, 0)
-    lane = QUEUE_LANES.get(call.queue)
-    if not room or lane is None:
+    if not room or call.draws_on is None:
         return lanes
-    return [LaneLimit(item.lane, item.parts, item.limit + room) if item.lane == lane and item.limit > 0 else item
-            for item in lanes]
+    return [LaneLimit(item.lane, item.parts, item.limit + room)
+            if item.lane == call.draws_on and item.limit > 0 else item for item in lanes]
 
 
 def full_lanes(lanes, before):
@@ -111,13 +100,11 @@ def full_lanes(lanes, before):
 
 
 def decide(lanes, before, taken):
-    """The decision for a call whose lanes held `before` leases and which took a lease or not."""
+    """(decision, full lanes) for a call whose lanes held `before` leases and which took a lease or not."""
     full = full_lanes(lanes, before)
-    counts = {item.lane: count + int(taken) for item, count in zip(lanes, before)}
     if not full:
-        return Outcome(Decision.ADMITTED, full, counts)
-    decision = Decision.SHADOW_REFUSED if taken else Decision.REFUSED
-    return Outcome(decision, full, counts)
+        return Decision.ADMITTED, full
+    return (Decision.SHADOW_REFUSED if taken else Decision.REFUSED), full
 
 
 def limits_of(lanes):
@@ -134,25 +121,23 @@ def retry_after(config, lanes, before, full):
     return min(config['retry_after']['max'], config['retry_after']['base'] * ahead)
 
 
-def scope(lanes, full):
+def scope(limits, full):
     """The lane a refusal names: a paused lane first (it decides the long wait), else the first full one."""
-    limits = limits_of(lanes)
     for lane in full:
         if limits[lane] == 0:
             return lane
     return full[0] if full else None
 
 
-def suggested_concurrency(lanes, counts):
+def suggested_concurrency(limits, counts):
     """How many calls at once this user should keep in flight, given what the lanes have left.
 
     None without lanes; 0 when a lane is paused; the per-user limit when nothing could be counted;
     otherwise the user's own calls plus the smallest headroom left in a shared lane, between 1 and the
     per-user limit. api_heavy_task is left out: it is per API host, and the balancer spreads calls.
     """
-    if not lanes:
+    if not limits or Lane.USER not in limits:
         return None
-    limits = limits_of(lanes)
     if any(limit == 0 for limit in limits.values()):
         return 0
     user_limit = limits[Lane.USER]
@@ -173,10 +158,8 @@ def refusal_body(retry_seconds, scope_lane, paused):
     }
 
 
-def is_enforced(config, metadata):
+def is_enforced(config, aware):
     """Enforce mode refuses every client with enforce_for=all, else only those that say they handle it."""
-    if config['mode'] != 'enforce':
+    if config['mode'] != ENFORCE:
         return False
-    if config['enforce_for'] == 'all':
-        return True
-    return str(metadata.get('capacity_aware')).lower() in ('true', '1')
+    return config['enforce_for'] == 'all' or bool(aware)

@@ -2,7 +2,7 @@
 
 Any error while counting, renewing or releasing is recorded on the object that met it (its `error`, as
 `<ExcClass>: <message>` up to 300 characters) and logged once here. A Redis error also opens the skip
-window (capacity.store.RedisLanes.mark_unavailable): for CAPACITY_REDIS_RETRY_SECONDS this process
+window (capacity.store.LaneStore.mark_unavailable): for CAPACITY_REDIS_RETRY_SECONDS this process
 doesn't call Redis for capacity, so an outage costs at most one call per process per window, by at most
 the deadline. Other errors (a bug) leave the window shut.
 """
@@ -10,7 +10,7 @@ import logging
 
 import redis
 
-from capacity.store import RedisLanes
+from capacity.store import get_store
 
 logger = logging.getLogger('heavy_lanes')
 ERROR_LENGTH = 300
@@ -22,11 +22,12 @@ def describe(ex):
     return f'{type(ex).__name__}: {ex}'[:ERROR_LENGTH]
 
 
-def record(holder, ex, action):
-    """Note `ex` on `holder` (a gate, a lease, or None) and go on without the limiter."""
+def record(holder, ex, action, store=None):
+    """Note `ex` on `holder` (a lease, or None) and go on without the limiter; return the description."""
     error = describe(ex)
     if holder is not None:
         holder.error = error
     if isinstance(ex, redis.RedisError):
-        RedisLanes.mark_unavailable()
+        (store or get_store()).mark_unavailable()
     logger.warning('Capacity %s failed open (%s)', action, error)
+    return error

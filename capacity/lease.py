@@ -7,19 +7,23 @@ A release that can't reach Redis (the skip window, or an error) is sent again la
 A redelivered call (its worker died) takes them again with `retake`: it was admitted once.
 Nothing here raises: errors go through capacity.failopen.
 """
+import logging
 import threading
 import time
 
-from capacity import counters, failopen, releases
-from capacity.store import RedisLanes
+from capacity import counters, failopen
+from capacity.store import get_store
+
+logger = logging.getLogger('heavy_lanes')
 
 
 class Lease:
-    def __init__(self, keys, token, lease_ms, holding=True):
+    def __init__(self, keys, token, lease_ms, holding=True, store=None):
         self.keys = list(keys)
         self.token = token
         self.lease_ms = int(lease_ms)
         self.holding = holding  # False for a call that went ahead uncounted: there is nothing to renew
+        self.store = store or get_store()
         self.lease_lost = False
         self.renewals_failed = 0
         self.error = None
@@ -29,13 +33,13 @@ class Lease:
         """Extend every lease by lease_ms from now, or none of them; True when all were held."""
         if not self.holding or self.released:
             return False
-        if not RedisLanes.is_available():
+        if not self.store.is_available():
             return False
         try:
-            held = RedisLanes.renew(self.keys, self.token, self.lease_ms)
+            held = self.store.renew(self.keys, self.token, self.lease_ms)
         except Exception as ex:  # noqa: BLE001 - fail open: the call runs on uncounted
             self.renewals_failed += 1
-            failopen.record(self, ex, 'renewal')
+            failopen.record(self, ex, 'renewal', self.store)
             counters.increment(('renewal_failed',))
             return False
         if held < len(self.keys):
@@ -47,12 +51,14 @@ class Lease:
 
     def retake(self, limits):
         """Take the leases again whatever the counts (a call that was admitted once); True when taken."""
-        if not self.keys or not RedisLanes.is_available():
+        if not self.keys or not self.store.is_available():
             return False
         try:
-            RedisLanes.acquire(self.keys, limits, self.token, self.lease_ms, force=True)
+            self.store.acquire(self.keys, limits, self.token, self.lease_ms, force=True)
         except Exception as ex:  # noqa: BLE001
-            failopen.record(self, ex, 'retake')
+            failopen.record(self, ex, 'retake', self.store)
+            # Redis may still run it from its input buffer: a release sent once it answers undoes that.
+            self.store.releases.defer(self.keys, self.token)
             return False
         self.holding, self.lease_lost = True, False
         return True
@@ -66,15 +72,15 @@ class Lease:
             keys = self.keys
         if not self.holding or not keys:
             return
-        if not RedisLanes.is_available():
+        if not self.store.is_available():
             self.error = self.error or failopen.RELEASE_DEFERRED
-            releases.defer(keys, self.token)
+            self.store.releases.defer(keys, self.token)
             return
         try:
-            RedisLanes.release(list(keys), self.token)
+            self.store.release(list(keys), self.token)
         except Exception as ex:  # noqa: BLE001
-            failopen.record(self, ex, 'release')
-            releases.defer(keys, self.token)  # idempotent: harmless if Redis ran it after all
+            failopen.record(self, ex, 'release', self.store)
+            self.store.releases.defer(keys, self.token)  # idempotent: harmless if Redis ran it after all
 
     def drop(self, keys):
         """Release some lanes now and stop counting them as this call's (e.g. the API host's lane)."""
@@ -84,24 +90,43 @@ class Lease:
 
 
 class LeaseRenewer(threading.Thread):
-    """Renews a lease every `interval` s until stopped, the lease is lost, or `max_hold` s have passed."""
+    """Renews a lease every `interval` s until stopped, the lease is lost, or `max_hold` s have passed.
 
-    def __init__(self, lease, interval, max_hold, clock=time.monotonic):
+    `on_tick()`, when given, runs after each renewal (the worker's heartbeat on the call's row), and
+    `on_exit()` when the thread ends (it closes what the thread opened, e.g. its database connection).
+    """
+
+    def __init__(self, lease, interval, max_hold, clock=time.monotonic, on_tick=None, on_exit=None):
         super().__init__(name='ocl-capacity-lease', daemon=True)
         self.lease = lease
         self.interval = interval
         self.deadline = clock() + max_hold
         self.clock = clock
+        self.on_tick = on_tick
+        self.on_exit = on_exit
         self.finished = threading.Event()
         self.renewals = 0
 
     def run(self):
+        try:
+            self.tick_until_stopped()
+        finally:
+            if self.on_exit is not None:
+                self.on_exit()
+
+    def tick_until_stopped(self):
         while not self.finished.wait(self.interval):
             if self.clock() >= self.deadline:
                 return
-            self.lease.renew()
-            self.renewals += 1
-            if self.lease.lease_lost:
+            if not self.lease.lease_lost:
+                self.lease.renew()
+                self.renewals += 1
+            if self.on_tick is not None:
+                try:
+                    self.on_tick()
+                except Exception:  # noqa: BLE001 - a missed beat must not end the renewals
+                    logger.exception('Heartbeat failed; the next one may work')
+            elif self.lease.lease_lost:
                 # Renewing the rest would count the call in only some lanes.
                 return
 

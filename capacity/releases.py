@@ -1,112 +1,105 @@
-"""Releases that couldn't reach Redis, sent again once it answers.
+"""Releases that couldn't reach Redis, sent again as soon as it answers.
 
-While a process skips Redis after an error (the skip window, capacity.store), or when a release itself
-fails, the lease would otherwise stay until it expires. A queued call's leases last until its queue
-deadline (10 minutes by default), so a call that started and ended during an outage would go on counting
-in its lanes long after it finished. Instead its release waits here, and a daemon thread per process sends
-it when the skip window has passed. A release is idempotent (ZREM), so sending one that Redis ran after
-all (its caller gave up at the deadline) changes nothing.
+A lease the API or a worker could not release (an error, or the skip window after one) would otherwise
+count until it expires, and a queued call's leases last until its queue deadline (10 minutes by default).
+An acquire whose answer never came is released the same way: Redis may still run it from its input buffer
+after the caller gave up (a paused Redis runs it when it resumes), and the release sent after Redis answers
+again lands after it. A release is idempotent (ZREM), so sending one that Redis ran after all, or one for
+an acquire that never ran, changes nothing.
 
-At most MAX_DEFERRED tokens wait; beyond that the oldest are dropped and left to expire, like releases
-that wait in a process that exits.
+A daemon thread per store sends what waits: at once, then every RETRY_SECONDS while Redis keeps failing.
+It is not a call, so the skip window (which keeps calls off a failing Redis) doesn't hold it back: a lease
+Redis took late is gone within RETRY_SECONDS of Redis answering again. At most MAX_DEFERRED tokens wait;
+beyond that the oldest are dropped and left to expire, like releases that wait in a process that exits.
 """
 import logging
-import os
 import threading
 import time
 
 import redis
 
-from capacity.store import RedisLanes
-
 logger = logging.getLogger('heavy_lanes')
 MAX_DEFERRED = 10_000
-
-_pending = {}  # token -> keys to release, oldest first
-_lock = threading.Lock()
-_wake = threading.Event()
-_thread = None
-_thread_pid = None
+RETRY_SECONDS = 0.5
 
 
-def defer(keys, token):
-    """Release `token` from `keys` once Redis can be reached again."""
-    global _thread, _thread_pid
-    keys = list(keys)
-    if not keys:
-        return
-    with _lock:
-        known = _pending.pop(token, [])
-        _pending[token] = known + [key for key in keys if key not in known]
-        while len(_pending) > MAX_DEFERRED:
-            dropped = next(iter(_pending))
-            del _pending[dropped]
-            logger.warning('Deferred release of %s dropped: too many waiting; its leases expire', dropped)
-        if _thread is None or _thread_pid != os.getpid() or not _thread.is_alive():
-            _thread = threading.Thread(target=_run, name='ocl-capacity-release', daemon=True)
-            _thread_pid = os.getpid()
-            _thread.start()
-    _wake.set()
+class DeferredReleases:
+    """The releases one lane store still owes Redis, and the thread that sends them."""
 
+    def __init__(self, store):
+        self.store = store
+        self._pending = {}  # token -> keys to release, oldest first
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread = None
 
-def pending():
-    """{token: keys} still waiting (tests)."""
-    with _lock:
-        return {token: list(keys) for token, keys in _pending.items()}
-
-
-def clear():
-    """Forget every waiting release (tests; RedisLanes.use_client)."""
-    with _lock:
-        _pending.clear()
-
-
-def _take():
-    with _lock:
-        batch = list(_pending.items())
-        _pending.clear()
-    return batch
-
-
-def _put_back(batch):
-    with _lock:
-        for token, keys in batch:
-            _pending.setdefault(token, keys)
-
-
-def _run():
-    while True:
-        _wake.wait()
-        delay = RedisLanes.unavailable_until - time.monotonic()
-        if delay > 0:
-            # The event stays set: look again soon (the window may be shortened, e.g. reset by use_client).
-            time.sleep(min(delay + 0.05, 0.5))
-            continue
-        _wake.clear()  # before taking: a release deferred from now on sets it again
-        send(_take())
-
-
-def send(batch):
-    """Release each (token, keys) of `batch`; on a Redis error keep the rest for the next window."""
-    for index, (token, keys) in enumerate(batch):
-        try:
-            RedisLanes.release(keys, token)
-        except redis.RedisError as ex:
-            RedisLanes.mark_unavailable()
-            _put_back(batch[index:])
-            _wake.set()
-            logger.warning('Deferred releases wait for Redis again (%s: %s)', type(ex).__name__, ex)
+    def defer(self, keys, token):
+        """Release `token` from `keys` once Redis can be reached again."""
+        keys = list(keys)
+        if not keys:
             return
-        except Exception:  # noqa: BLE001 - a bad entry must not stop the others
-            logger.exception('Deferred release of %s failed; its leases expire', token)
+        with self._lock:
+            known = self._pending.pop(token, [])
+            self._pending[token] = known + [key for key in keys if key not in known]
+            while len(self._pending) > MAX_DEFERRED:
+                dropped = next(iter(self._pending))
+                del self._pending[dropped]
+                logger.warning('Deferred release of %s dropped: too many waiting; its leases expire', dropped)
+            self._ensure_thread()
+        self._wake.set()
 
+    def _ensure_thread(self):
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name='ocl-capacity-release', daemon=True)
+            self._thread.start()
 
-def _after_fork():
-    global _lock, _wake, _thread, _thread_pid
-    _lock = threading.Lock()
-    _wake = threading.Event()
-    _pending.clear()
-    _thread, _thread_pid = None, None
+    def pending(self):
+        """{token: keys} still waiting (tests)."""
+        with self._lock:
+            return {token: list(keys) for token, keys in self._pending.items()}
 
+    def clear(self):
+        """Forget every waiting release (tests)."""
+        with self._lock:
+            self._pending.clear()
 
-os.register_at_fork(after_in_child=_after_fork)
+    def _take(self):
+        with self._lock:
+            batch = list(self._pending.items())
+            self._pending.clear()
+        return batch
+
+    def _put_back(self, batch):
+        with self._lock:
+            for token, keys in batch:
+                self._pending.setdefault(token, keys)
+
+    def _run(self):
+        failing = False
+        while True:
+            self._wake.wait()
+            self._wake.clear()  # before taking: a release deferred from now on sets it again
+            error = self.send(self._take())
+            if error is None:
+                if failing:
+                    logger.info('Deferred releases sent: Redis answers again')
+                failing = False
+                continue
+            if not failing:
+                logger.warning('Deferred releases wait for Redis (%s); retrying every %s s', error, RETRY_SECONDS)
+            failing = True
+            self._wake.set()
+            time.sleep(RETRY_SECONDS)
+
+    def send(self, batch):
+        """Release each (token, keys) of `batch`; on a Redis error keep the rest and return the error."""
+        for index, (token, keys) in enumerate(batch):
+            try:
+                self.store.release(keys, token)
+            except redis.RedisError as ex:
+                self.store.mark_unavailable()
+                self._put_back(batch[index:])
+                return f'{type(ex).__name__}: {ex}'
+            except Exception:  # noqa: BLE001 - a bad entry must not stop the others
+                logger.exception('Deferred release of %s failed; its leases expire', token)
+        return None

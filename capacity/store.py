@@ -1,33 +1,33 @@
 """The lease-lane store: the one adapter between the limiter and Redis.
 
 Each lane is a Redis sorted set of leases (member = lease token = the task id; score = expiry in epoch ms by
-Redis's clock). The operations are Lua scripts in `capacity/lua/`, one per file. `RedisLanes` holds the
-per-process state (client, registered scripts, Redis thread, skip window) and runs every Redis operation on
-the per-process `RedisThread`, waiting at most CAPACITY_REDIS_DEADLINE_SECONDS for it.
+Redis's clock). The operations are Lua scripts in `capacity/lua/`, one per file. A `LaneStore` holds what a
+process needs for them: its client, the registered scripts, the Redis thread every operation runs on (the
+caller waits at most CAPACITY_REDIS_DEADLINE_SECONDS), the skip window after an error, and the releases
+that wait for Redis to answer again (capacity.releases). `get_store()` is this process's store; tests give
+their own with `use_store(LaneStore(client))`.
 
-Errors: the store raises, it never decides to fail open (the gate does). What it raises:
+Errors: the store raises, it never decides to fail open (capacity.gate and capacity.lease do). It raises:
 - `redis.TimeoutError` when Redis gave no answer within the deadline, or ran an acquire after its caller
   stopped waiting (no lease was taken then);
 - `redis.ConnectionError` when the Redis thread's queue is full, or from redis-py;
 - any other `redis.RedisError` from redis-py or from a script;
 - `ValueError` for a call that makes no sense (no keys, keys and limits of different lengths).
-`mark_unavailable()` / `is_available()` keep the skip window the gate reads.
 """
 import functools
 import importlib.resources
-import os
 import threading
 import time
 from dataclasses import dataclass
 
 import redis
 from django.conf import settings
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-from redis.sentinel import Sentinel
 
 from capacity.keys import expired_key, lane_pattern
+from capacity.releases import DeferredReleases
 from capacity.threads import RedisThread
+from common import connections
+from common.process import PerProcess
 
 SCRIPTS = ('acquire', 'renew', 'release', 'count')
 SCAN_COUNT = 100
@@ -42,28 +42,8 @@ def read_script(name):
 
 
 def build_redis_client():
-    """The limiter's own client: short timeouts, no retries, no health checks; Sentinel when configured.
-
-    `retry_on_timeout=False` from the original is left out: redis-py 8 deprecates it (a DeprecationWarning)
-    and `Retry(NoBackoff(), 0)` already means no retry after a timeout or any other error.
-    """
-    timeout = settings.CAPACITY_REDIS_TIMEOUT_SECONDS
-    options = {
-        'socket_timeout': timeout,
-        'socket_connect_timeout': timeout,
-        'retry': Retry(NoBackoff(), 0),
-        'health_check_interval': 0,
-    }
-    if settings.REDIS_SENTINELS:
-        sentinel_kwargs = {'socket_timeout': timeout, 'socket_connect_timeout': timeout,
-                           'retry': Retry(NoBackoff(), 0)}
-        if settings.REDIS_PASSWORD:
-            sentinel_kwargs['password'] = settings.REDIS_PASSWORD
-        sentinel = Sentinel(settings.REDIS_SENTINELS_LIST, sentinel_kwargs=sentinel_kwargs)
-        return sentinel.master_for(settings.REDIS_SENTINELS_MASTER, db=settings.REDIS_DB,
-                                   password=settings.REDIS_PASSWORD, **options)
-    return redis.Redis(host=settings.REDIS_HOST, port=int(settings.REDIS_PORT), db=settings.REDIS_DB,
-                       password=settings.REDIS_PASSWORD, **options)
+    """The limiter's own client: short timeouts, no retries, no health checks; Sentinel when configured."""
+    return connections.build('lanes')
 
 
 def get_not_after_ms():
@@ -79,89 +59,69 @@ class Acquired:
     counts: tuple[int, ...]
 
 
-class RedisLanes:
-    """The lanes in Redis, one state per process (class attributes), used through classmethods."""
+class LaneStore:
+    """The lanes in Redis, for one process: one client, one Redis thread, one skip window."""
 
-    lock = threading.Lock()
-    client = None
-    scripts = {}  # name -> redis.commands.core.Script, registered on `scripts_client`
-    scripts_client = None
-    thread = None
-    thread_pid = None
-    unavailable_until = 0.0  # time.monotonic() before which Redis is skipped
+    def __init__(self, client=None):
+        self._client = client  # None: the limiter's own client, built from settings on first use
+        self._lock = threading.Lock()
+        self._scripts = {}  # name -> redis.commands.core.Script, registered on `_scripts_client`
+        self._scripts_client = None
+        self._thread = None
+        self.unavailable_until = 0.0  # time.monotonic() before which Redis is skipped
+        self.releases = DeferredReleases(self)
 
     # --- state
 
-    @classmethod
-    def get_client(cls):
-        client = cls.client
+    @property
+    def client(self):
+        client = self._client
         if client is None:
-            with cls.lock:
-                if cls.client is None:
-                    cls.client = build_redis_client()  # connects lazily: no I/O under the lock
-                client = cls.client
+            with self._lock:
+                if self._client is None:
+                    self._client = build_redis_client()  # connects lazily: no I/O under the lock
+                client = self._client
         return client
 
-    @classmethod
-    def use_client(cls, client):
-        """Use `client` from now on (tests; None builds one from settings on next use)."""
-        with cls.lock:
-            cls.client = client
-            cls.scripts, cls.scripts_client = {}, None
-            cls.unavailable_until = 0.0
-            cls.thread, cls.thread_pid = None, None
-        from capacity import releases  # it imports this module
-        releases.clear()
-
-    @classmethod
-    def get_script(cls, name, client):
-        """The script `name` registered on `client` (again when the client changed)."""
-        with cls.lock:
-            if cls.scripts_client is not client:
-                cls.scripts, cls.scripts_client = {}, client
-            script = cls.scripts.get(name)
-            if script is None:
-                # register_script only hashes the source; EVALSHA runs it and loads it on NOSCRIPT.
-                script = cls.scripts[name] = client.register_script(read_script(name))
-            return script
-
-    @classmethod
-    def get_redis_thread(cls):
-        """This process's Redis thread, started on first use and again in a forked child."""
-        pid = os.getpid()
-        thread = cls.thread
-        if thread is None or cls.thread_pid != pid:
-            with cls.lock:
-                if cls.thread is None or cls.thread_pid != pid:
-                    cls.thread, cls.thread_pid = RedisThread(), pid
-                thread = cls.thread
+    @property
+    def thread(self):
+        """This store's Redis thread, started on first use."""
+        thread = self._thread
+        if thread is None:
+            with self._lock:
+                if self._thread is None:
+                    self._thread = RedisThread()
+                thread = self._thread
         return thread
 
-    @classmethod
-    def after_fork(cls):
-        # A lock some other thread of the parent held at fork time stays locked forever in the child.
-        cls.lock = threading.Lock()
+    def script(self, name, client):
+        """The script `name` registered on `client` (again when the client changed)."""
+        with self._lock:
+            if self._scripts_client is not client:
+                self._scripts, self._scripts_client = {}, client
+            script = self._scripts.get(name)
+            if script is None:
+                # register_script only hashes the source; EVALSHA runs it and loads it on NOSCRIPT.
+                script = self._scripts[name] = client.register_script(read_script(name))
+            return script
 
-    @classmethod
-    def is_available(cls):
-        return time.monotonic() >= cls.unavailable_until
+    def is_available(self):
+        return time.monotonic() >= self.unavailable_until
 
-    @classmethod
-    def mark_unavailable(cls):
+    def mark_unavailable(self):
         """Skip Redis for CAPACITY_REDIS_RETRY_SECONDS, so an outage costs each process one slow call."""
-        cls.unavailable_until = time.monotonic() + settings.CAPACITY_REDIS_RETRY_SECONDS
+        self.unavailable_until = time.monotonic() + settings.CAPACITY_REDIS_RETRY_SECONDS
 
     # --- running operations
 
-    @classmethod
-    def call(cls, op, *args):
+    def call(self, op, *args):
         """Run `op(*args)` on the Redis thread and wait at most the deadline for its answer.
 
         Socket timeouts don't bound a DNS lookup or a walk through the Sentinels; this does. On timeout a job
         still queued is cancelled (the thread skips it); one already running finishes unobserved.
         """
         deadline = settings.CAPACITY_REDIS_DEADLINE_SECONDS
-        job = cls.get_redis_thread().submit(op, *args)
+        job = self.thread.submit(op, *args)
         try:
             return job.result(timeout=deadline)
         except TimeoutError:
@@ -173,25 +133,26 @@ class RedisLanes:
                 raise redis.TimeoutError(f'no answer from Redis within {deadline} s') from None
             return job.result()
 
-    @classmethod
-    def run_script(cls, name, keys, args):
+    def run_script(self, name, keys, args):
         """Run one Lua script (on the Redis thread: called through `call`)."""
-        client = cls.get_client()
-        return cls.get_script(name, client)(keys=keys, args=args, client=client)
+        client = self.client
+        return self.script(name, client)(keys=keys, args=args, client=client)
 
-    @classmethod
-    def run_scan(cls, pattern):
-        keys = cls.get_client().scan_iter(match=pattern, count=SCAN_COUNT)
+    def run_scan(self, pattern):
+        keys = self.client.scan_iter(match=pattern, count=SCAN_COUNT)
         return sorted({key.decode() if isinstance(key, bytes) else key for key in keys})
 
-    @classmethod
-    def run_get(cls, key):
-        return cls.get_client().get(key)
+    def run_command(self, name, *args):
+        """One plain Redis command (on the Redis thread: called through `call`)."""
+        return getattr(self.client, name)(*args)
+
+    def command(self, name, *args):
+        """Run one plain Redis command within the deadline, e.g. command('hgetall', key)."""
+        return self.call(self.run_command, name, *args)
 
     # --- operations
 
-    @classmethod
-    def acquire(cls, keys, limits, token, lease_ms, force, not_after_ms=None):
+    def acquire(self, keys, limits, token, lease_ms, force, not_after_ms=None):
         """Take a lease (expiring in `lease_ms` ms) in every lane of `keys`, or in none.
 
         `limits` are the lanes' limits, in `keys` order. Not forced, a call takes nothing when a lane is full
@@ -205,44 +166,52 @@ class RedisLanes:
         if not_after_ms is None:
             not_after_ms = get_not_after_ms()
         args = [token, int(lease_ms), '1' if force else '0', int(not_after_ms), *limits]
-        result = cls.call(cls.run_script, 'acquire', [*keys, expired_key()], args)
+        result = self.call(self.run_script, 'acquire', [*keys, expired_key()], args)
         if int(result[0]) == -1:
             raise redis.TimeoutError(LATE_ACQUIRE)
         return Acquired(taken=bool(int(result[0])), counts=tuple(int(count) for count in result[1:]))
 
-    @classmethod
-    def renew(cls, keys, token, lease_ms):
+    def renew(self, keys, token, lease_ms):
         """Move every lease of `token` to expire `lease_ms` ms from now, only if all are held; return held."""
         keys = list(keys)
         if not keys:
             raise ValueError('renew needs at least one key')
-        return int(cls.call(cls.run_script, 'renew', keys, [token, int(lease_ms)]))
+        return int(self.call(self.run_script, 'renew', keys, [token, int(lease_ms)]))
 
-    @classmethod
-    def release(cls, keys, token):
+    def release(self, keys, token):
         """Remove the leases of `token`; return how many were removed (0 on a second release)."""
         keys = list(keys)
         if not keys:
             return 0
-        return int(cls.call(cls.run_script, 'release', keys, [token]))
+        return int(self.call(self.run_script, 'release', keys, [token]))
 
-    @classmethod
-    def count(cls, keys):
+    def count(self, keys):
         """Each lane's unexpired leases, in `keys` order (nothing is pruned)."""
         keys = list(keys)
         if not keys:
             return []
-        return [int(count) for count in cls.call(cls.run_script, 'count', keys, [])]
+        return [int(count) for count in self.call(self.run_script, 'count', keys, [])]
 
-    @classmethod
-    def find_keys(cls, lane):
+    def find_keys(self, lane):
         """Every key of a lane that has parts (e.g. each host's api_heavy_task key), sorted."""
-        return cls.call(cls.run_scan, lane_pattern(lane))
+        return self.call(self.run_scan, lane_pattern(lane))
 
-    @classmethod
-    def expired_total(cls):
+    def expired_total(self):
         """How many leases acquire found expired (never released) since the counter began."""
-        return int(cls.call(cls.run_get, expired_key()) or 0)
+        return int(self.command('get', expired_key()) or 0)
 
 
-os.register_at_fork(after_in_child=RedisLanes.after_fork)
+_stores = PerProcess(LaneStore)
+
+
+def get_store():
+    """This process's lane store (a new one in a forked child)."""
+    return _stores.get()
+
+
+def use_store(store):
+    """Use `store` in this process from now on (tests); None makes a fresh one from settings."""
+    old = _stores.peek()
+    if old is not None:
+        old.releases.clear()
+    return _stores.set(store if store is not None else LaneStore())

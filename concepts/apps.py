@@ -1,6 +1,6 @@
 from django.apps import AppConfig
 
 
-class ConceptsConfig(AppConfig):
+class ConceptsApp(AppConfig):
     name = 'concepts'
     verbose_name = 'Concept repositories and matching'

@@ -1,7 +1,7 @@
 from django.apps import AppConfig
 
 
-class WorkersConfig(AppConfig):
+class WorkersApp(AppConfig):
     name = 'workers'
     verbose_name = 'Heavy Lanes workers'
 
@@ -9,3 +9,6 @@ class WorkersConfig(AppConfig):
         # Every Django process (API, management commands) publishes through the configured Celery app:
         # without this an API process would use Celery's default app, with none of our broker options.
         import workers.celery  # noqa: F401
+        from capacity import status
+        from workers.status import get_queues
+        status.add_section('queues', get_queues)

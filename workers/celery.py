@@ -1,7 +1,12 @@
-"""The Celery app: configured from Django settings (CELERY_*), one queue per queue-backed lane.
+"""The Celery app: configured from Django settings (CELERY_*), one Celery queue per row of workers.lanes.
 
-Start a worker for a lane with `celery -A workers worker -Q <queue> -n <queue>@%h -P prefork`; its pool is
-then sized from the capacity config by workers.pool (prefork only: the threads pool can't be resized).
+Start a worker for a queue with `celery -A workers worker -Q <queue> -n <queue>@%h -P prefork`; its pool
+is then sized from the capacity config by workers.pool (prefork only: the threads pool can't be resized).
+
+Every Django process loads this module (WorkersConfig.ready) so the API publishes with the configured
+broker options. It defines the app and nothing else: the task and the workers' signal handlers are in
+`include`, which only a worker process imports (Celery's loader does, at worker start), so an API process
+never registers a worker's signal handler. The API publishes by task name (TASK_NAME).
 """
 import os
 import sys
@@ -22,7 +27,9 @@ if not apps.ready and not apps.loading:
 
 from workers.lanes import QUEUE_NAMES  # noqa: E402
 
-app = Celery('heavy_lanes')
+TASK_NAME = 'heavy_lanes.run_heavy_call'
+
+app = Celery('heavy_lanes', include=['workers.tasks', 'workers.signals'])
 app.config_from_object('django.conf:settings', namespace='CELERY')
 # The anonymous exchange with the queue's name as routing key: the Redis transport then pushes a message
 # straight onto that queue's list. A named exchange would route through bindings kept in Redis, and a
@@ -51,6 +58,3 @@ def flower_auth_problem(argv, environ, production):
 _problem = flower_auth_problem(sys.argv, os.environ, settings.PRODUCTION)
 if _problem:
     raise SystemExit(_problem)
-
-import workers.tasks  # noqa: E402,F401  (registers the tasks and the worker signal handlers)
-import workers.pool  # noqa: E402,F401

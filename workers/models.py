@@ -1,11 +1,11 @@
-"""The record of every heavy call the API accepted: who, what, which lane, and where it is now.
+"""The record of every heavy call the API accepted: who, what, which queue, and where it is now.
 
 The row is also the call's usage record (metering): `rows` units, charged when the call is admitted, and
 given back (`refunded_at`) when it fails. A row exists only for a call that reached its queue: the
 submission service creates it in the same transaction that publishes the message, so a failed publish
 leaves no row. The id is the Celery task id and the lease token (uuid4 hex: 122 random bits, so ids can't
 be guessed). The result itself is stored by the Celery result backend (django-celery-results' TaskResult,
-same id); this row holds the lifecycle.
+same id); this row holds the lifecycle, and only workers.lifecycle changes its state.
 """
 from django.conf import settings
 from django.db import models
@@ -29,7 +29,7 @@ class HeavyCall(models.Model):
     id = models.CharField(primary_key=True, max_length=32, editable=False)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name='heavy_calls')
     endpoint = models.CharField(max_length=16)
-    lane = models.CharField(max_length=32)  # the queue-backed lane, also the Celery queue name
+    queue = models.CharField(max_length=32)  # the Celery queue it runs on (workers.lanes.QUEUES)
     semantic = models.BooleanField(default=False)
     reranker = models.BooleanField(default=False)
     rows = models.PositiveIntegerField(default=0)
@@ -38,11 +38,12 @@ class HeavyCall(models.Model):
     fingerprint = models.CharField(max_length=64)  # sha256 of the user-visible inputs
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
-    # What admission decided and which lanes the worker must renew and release (capacity.gate).
+    # What admission decided and which lanes the worker must renew and release (capacity.admission).
     admission = models.JSONField(default=dict)
     error = models.TextField(blank=True, default='')
     attempts = models.PositiveSmallIntegerField(default=0)  # deliveries that started the work
     worker = models.CharField(max_length=255, blank=True, default='')  # '<node> pid <pid>' of the last run
+    heartbeat_at = models.DateTimeField(null=True, blank=True)  # the running worker was alive then
     lease_lost = models.BooleanField(default=False)
     limiter_error = models.CharField(max_length=300, blank=True, default='')  # a lease error met while running
     created_at = models.DateTimeField(default=timezone.now)
@@ -57,7 +58,7 @@ class HeavyCall(models.Model):
             models.UniqueConstraint(fields=['owner', 'idempotency_key'], name='heavy_call_idempotency',
                                     condition=models.Q(idempotency_key__isnull=False)),
         ]
-        indexes = [models.Index(fields=['lane', 'state', 'priority', 'created_at'], name='heavy_call_queue')]
+        indexes = [models.Index(fields=['queue', 'state', 'priority', 'created_at'], name='heavy_call_queue')]
 
     def __str__(self):
         return f'{self.endpoint} {self.id} {self.state}'

@@ -10,19 +10,21 @@ in its main process (started when the worker is ready) that, every WORKERS_RECON
    paused, or more nodes than slots) stops consuming the queue, so its calls wait and expire;
 4. publishes what it wants and what it has (share, pool processes, consuming) for /capacity/status/.
 A hand resize (Flower, `celery control pool_grow`) is left alone, and shows as drift, until the share
-changes again. Resizing needs the prefork pool: the threads pool can't grow or shrink.
+changes again. Resizing needs the prefork pool: the threads pool can't grow or shrink. The worker's signal
+handlers that start and stop the reconciler are in workers.signals.
 """
 import json
 import logging
-import os
 import threading
 import time
 
 import redis
-from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 from django.conf import settings
 
 from capacity.config import get_config
+from capacity.keys import nodes_key, pool_key
+from common import connections
+from common.process import ForkGuard
 from workers import lanes
 
 logger = logging.getLogger('heavy_lanes')
@@ -32,24 +34,7 @@ HEARTBEAT_FACTOR = 3  # a node is live while it renewed its heartbeat within 3 r
 # Held while the reconciler works, and taken by every fork of this process (pool_grow forks a new pool
 # process): a child forked while this thread was inside the database or Redis client could inherit one of
 # their locks held, and hang on its first call. Forks wait for the reconciler to be idle instead.
-_fork_guard = threading.Lock()
-
-
-def _after_fork_in_child():
-    global _fork_guard
-    _fork_guard = threading.Lock()
-
-
-os.register_at_fork(before=lambda: _fork_guard.acquire(), after_in_parent=lambda: _fork_guard.release(),
-                    after_in_child=_after_fork_in_child)
-
-
-def nodes_key(queue):
-    return f'{settings.CAPACITY_KEY_PREFIX}:nodes:{queue}'
-
-
-def pool_key(queue):
-    return f'{settings.CAPACITY_KEY_PREFIX}:pool:{queue}'
+fork_guard = ForkGuard()
 
 
 def share_of(total, nodes, me):
@@ -92,16 +77,16 @@ class PoolReconciler(threading.Thread):
         self.app = app
         self.consumer = consumer
         self.hostname = hostname
-        self.queues = [queue for queue in queues if queue in lanes.BY_NAME]
+        self.queues = [queue for queue in queues if queue in lanes.QUEUE_NAMES]
         self.interval = interval or settings.WORKERS_RECONCILE_SECONDS
-        self.client = client or redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=2)
+        self.client = client or connections.connect('pools')
         self.applied = {}  # queue -> the share last applied
         self.stopped = threading.Event()
 
     def run(self):
         while not self.stopped.is_set():
             try:
-                with _fork_guard:
+                with fork_guard:
                     self.reconcile()
             except Exception:  # noqa: BLE001 - keep reconciling; the next tick may work
                 logger.exception('Pool reconcile failed on %s', self.hostname)
@@ -165,43 +150,3 @@ class PoolReconciler(threading.Thread):
             'updated': time.time(),
         }))
         self.client.expire(pool_key(queue), int(self.interval * HEARTBEAT_FACTOR * 2) + 1)
-
-
-_reconciler = None
-_served = []  # the lane queues this node was started for (-Q), whether it consumes them now or not
-
-
-@celeryd_after_setup.connect
-def skip_paused_lanes(sender=None, instance=None, **kwargs):
-    """Don't start consuming a lane whose pool size is 0: a call it took would run in a paused lane."""
-    queues = instance.app.amqp.queues
-    _served[:] = [name for name in (queues.consume_from or {}) if name in lanes.BY_NAME]
-    try:
-        config = get_config()
-    except Exception:  # noqa: BLE001 - the reconciler sizes the pool once it can read the config
-        return
-    for name in _served:
-        if lanes.get_queue(name).pool_size(config) == 0:
-            queues.deselect(name)
-            logger.info('Lane %s is paused: %s starts without consuming it', name, sender)
-
-
-@worker_ready.connect
-def start_reconciler(sender=None, **kwargs):
-    """Start sizing this node's lane pools once the worker consumes (prefork workers only)."""
-    global _reconciler
-    consumer = sender
-    queues = list(_served) or list(consumer.app.amqp.queues.consume_from or {})
-    if not any(queue in lanes.BY_NAME for queue in queues):
-        return
-    if type(consumer.pool).__module__ != 'celery.concurrency.prefork':
-        logger.warning('Lane pools are sized only on the prefork pool; %s is left as started', consumer.hostname)
-        return
-    _reconciler = PoolReconciler(consumer.app, consumer, consumer.hostname, queues)
-    _reconciler.start()
-
-
-@worker_shutdown.connect
-def stop_reconciler(**kwargs):
-    if _reconciler is not None:
-        _reconciler.stop()

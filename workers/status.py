@@ -4,8 +4,6 @@ Depth is read on the broker (LLEN of the queue's list and of each priority level
 transport stores them), so it counts messages no worker has taken yet. The oldest waiting age comes from
 the calls' rows. Pools are what each live lane node last published (workers.pool). No Celery import here.
 """
-import os
-import threading
 import time
 
 import redis
@@ -13,28 +11,16 @@ from django.conf import settings
 from django.db.models import Min
 from django.utils import timezone
 
+from common import connections
 from workers import lanes
 from workers.models import HeavyCall, State
 from workers.pool import read_pools
 
 PRIORITY_SEPARATOR = '\x06\x16'  # kombu's Redis transport: '<queue>\x06\x16<level>' for levels above 0
-_clients = {}
-_lock = threading.Lock()
-
-
-def _after_fork():
-    global _lock
-    _lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork)
 
 
 def client_for(url):
-    with _lock:
-        if url not in _clients:
-            _clients[url] = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
-        return _clients[url]
+    return connections.connect('status', url)
 
 
 def priority_lists(queue):
@@ -55,8 +41,8 @@ def depth(queue):
 def oldest_waiting(now=None):
     """{queue: seconds the oldest queued call has waited}."""
     now = now or timezone.now()
-    rows = HeavyCall.objects.filter(state=State.QUEUED).values('lane').annotate(oldest=Min('created_at'))
-    return {row['lane']: round((now - row['oldest']).total_seconds(), 3) for row in rows}
+    rows = HeavyCall.objects.filter(state=State.QUEUED).values('queue').annotate(oldest=Min('created_at'))
+    return {row['queue']: round((now - row['oldest']).total_seconds(), 3) for row in rows}
 
 
 def get_queues(config):
@@ -71,7 +57,7 @@ def get_queues(config):
         except redis.RedisError as ex:
             entry['depth'], entry['broker'] = None, f'{type(ex).__name__}: {ex}'[:300]
         try:
-            pools = read_pools(client_for(settings.REDIS_URL), name)
+            pools = read_pools(connections.connect('status'), name)
         except redis.RedisError as ex:
             pools, entry['workers_error'] = {}, f'{type(ex).__name__}: {ex}'[:300]
         entry['workers'] = {node: {'processes': pool['processes'], 'share': pool['share'],

@@ -9,6 +9,7 @@ from api.throttles import HeavyRateThrottle
 from capacity.constants import Lane
 from capacity.keys import lane_key
 from tests.integration.workers.conftest import wait_until
+from workers.lifecycle import admission_of
 from workers.models import HeavyCall
 
 pytestmark = pytest.mark.redis
@@ -82,7 +83,7 @@ def test_racing_requests_with_one_idempotency_key_get_one_call(
 def test_an_unreachable_broker_is_a_503_that_leaves_nothing_behind(
         lanes_redis, tiny_source, make_user, api_as, monkeypatch):
     from celery import Celery
-    from workers import submission
+    from workers import lifecycle
     from workers.celery import app
     # The same publish, through a Celery app whose broker address has nothing listening (discard port).
     # (Celery lets the CELERY_BROKER_URL environment variable win over any configured URL.)
@@ -90,8 +91,8 @@ def test_an_unreachable_broker_is_a_503_that_leaves_nothing_behind(
     dead = Celery('unreachable', broker='redis://127.0.0.1:9/0', set_as_current=False)
     dead.conf.update(task_publish_retry_policy=app.conf.task_publish_retry_policy,
                      broker_transport_options=app.conf.broker_transport_options)
-    monkeypatch.setattr(submission, 'send', lambda call: dead.send_task(
-        'heavy_lanes.run_heavy_call', args=[call.pk], task_id=call.pk, queue=call.lane))
+    monkeypatch.setattr(lifecycle, 'send', lambda call: dead.send_task(
+        'heavy_lanes.run_heavy_call', args=[call.pk], task_id=call.pk, queue=call.queue))
     user = make_user()
     response = match(api_as(user), tiny_source)
     assert response.status_code == 503
@@ -158,7 +159,7 @@ def test_prefer_wait_holds_this_hosts_lane_while_it_waits_then_answers_with_the_
     assert response.status_code == 202  # no worker runs: the wait ran out
     assert lanes_redis.zcard(task_key) == 0
     call = HeavyCall.objects.get(pk=response.json()['id'])
-    assert task_key not in call.admission['keys']
+    assert task_key not in [state.key for state in admission_of(call).worker_lanes()]
     assert user_leases(lanes_redis, user) == 1  # the call itself still holds its lanes
 
 

@@ -13,6 +13,13 @@ pytestmark = pytest.mark.redis
 ROWS = [{'name': 'a'}, {'name': 'b'}]
 
 
+def record_of(call):
+    """The admission part of the call's log line, as its row holds it."""
+    from capacity.admission import log_record
+    from workers.lifecycle import admission_of
+    return log_record(admission_of(call))
+
+
 @pytest.fixture
 def lines():
     with mock.patch('workers.submission.emit') as emit:
@@ -50,8 +57,8 @@ def test_semantic_match_is_counted_and_carries_the_headers(broker, lanes_redis, 
     assert response['X-OCL-Capacity-In-Flight'] == '1'
     assert 'Retry-After' not in response
     call = HeavyCall.objects.get(pk=response.json()['id'])
-    assert call.admission['record']['endpoint'] == '$match' and call.admission['record']['rows'] == 2
-    assert call.admission['record']['semantic'] is True
+    assert record_of(call)['endpoint'] == '$match' and record_of(call)['rows'] == 2
+    assert record_of(call)['semantic'] is True
     assert lanes_redis.zcard(lane_key(Lane.USER, user.pk)) == 1  # held while queued
 
 
@@ -66,7 +73,7 @@ def test_lexical_match_is_not_a_heavy_call(broker, lanes_redis, tiny_source, mak
 def test_reranked_lexical_match_is_a_heavy_call(broker, lanes_redis, tiny_source, make_user, api_as):
     response = match(api_as(make_user()), tiny_source, query='reranker=true')
     assert response.status_code == 202 and response['X-OCL-Capacity-Decision'] == 'admitted'
-    record = HeavyCall.objects.get(pk=response.json()['id']).admission['record']
+    record = record_of(HeavyCall.objects.get(pk=response.json()['id']))
     assert record['semantic'] is False and record.get('es2_knn_limit') is None
     assert response.json()['lane'] == 'api_heavy'
 
@@ -102,7 +109,7 @@ def test_shadow_mode_charges_and_queues_as_usual(broker, lanes_redis, tiny_sourc
 def test_rerank_is_counted_and_carries_the_headers(broker, lanes_redis, tiny_source, make_user, api_as):
     response = rerank(api_as(make_user()), {'q': 'fever', 'rows': [{'name': 'Fever'}, {'name': 'Cough'}]})
     assert response.status_code == 202 and response['X-OCL-Capacity-Decision'] == 'admitted'
-    record = HeavyCall.objects.get(pk=response.json()['id']).admission['record']
+    record = record_of(HeavyCall.objects.get(pk=response.json()['id']))
     assert (record['endpoint'], record['rows'], record['single_row']) == ('$rerank', 2, False)
 
 

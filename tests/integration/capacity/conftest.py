@@ -2,17 +2,18 @@
 import pytest
 
 from capacity.config import clear_cache, save_config
-from capacity.gate import CapacityGate
-from capacity.store import RedisLanes
+from capacity import gate
+from capacity.caller import RequestFacts, is_aware
+from capacity.store import LaneStore, use_store
 
 
 @pytest.fixture
 def lanes(redis_client, db):
-    """RedisLanes on this test's backend (fakeredis or the real Redis) with the default config."""
-    RedisLanes.use_client(redis_client)
+    """A LaneStore on this test's backend (fakeredis or the real Redis) with the default config."""
+    use_store(LaneStore(redis_client))
     clear_cache()
     yield redis_client
-    RedisLanes.use_client(None)
+    use_store(None)
     clear_cache()
 
 
@@ -35,14 +36,21 @@ def configure(config_lines):
 
 @pytest.fixture
 def gates():
-    """acquire(user, ...) -> an acquired CapacityGate; every gate is released at teardown."""
+    """acquire(user, ...) -> the Admission of one call; every admission's leases are released at teardown.
+
+    `queue` names a queue of workers.lanes (its lane is the one its waiting room extends); `metadata` is the
+    X-OCL-Event-Metadata object.
+    """
+    from workers.lanes import get_queue
     made = []
 
-    def acquire(user, endpoint='$match', rows=10, semantic=True, reranker=False, metadata=None, **call):
-        gate = CapacityGate(user, endpoint, rows=rows, semantic=semantic, reranker=reranker,
-                            metadata=metadata, **call).acquire()
-        made.append(gate)
-        return gate
+    def acquire(user, endpoint='$match', rows=10, semantic=True, reranker=False, metadata=None, queue='', **call):
+        facts = call.pop('facts', None) or RequestFacts(aware=is_aware(metadata or {}))
+        draws_on = get_queue(queue).draws_on if queue else None
+        admission = gate.admit(user, endpoint=endpoint, rows=rows, semantic=semantic, reranker=reranker,
+                               queue=queue, draws_on=draws_on, facts=facts, **call)
+        made.append(admission)
+        return admission
     yield acquire
-    for gate in made:
-        gate.release()
+    for admission in made:
+        gate.release(admission)

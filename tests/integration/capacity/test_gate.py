@@ -2,17 +2,19 @@
 adapted where DESIGN.md changes the behaviour (api_heavy_task only for calls that wait in the request; the
 single-row reserve in every lane a single-row call takes; a queued call's lease lasts its queue deadline).
 """
+import json
 import time
 from unittest import mock
 
 import pytest
 import redis
 
-from capacity import decisions
+from capacity import decisions, gate as capacity_gate
+from capacity.admission import headers, log_record, refusal_body
+from capacity.caller import RequestFacts
 from capacity.constants import Decision, Lane
-from capacity.gate import CapacityGate
 from capacity.keys import lane_key
-from capacity.store import RedisLanes
+from capacity.store import LaneStore, get_store
 
 pytestmark = pytest.mark.usefixtures('lanes')
 
@@ -30,9 +32,9 @@ def test_admits_and_counts_a_call_in_every_lane(make_user, gates, lanes):
     for key in gate.keys:
         assert lanes.zcard(key) == 1
         assert lanes.pttl(key) > 0
-    gate.release()
+    capacity_gate.release(gate)
     assert [lanes.zcard(key) for key in gate.keys] == [0] * 5
-    gate.release()  # a second release is harmless
+    capacity_gate.release(gate)  # a second release is harmless
 
 
 def test_shadow_mode_never_refuses_but_says_it_would_have(make_user, gates):
@@ -53,10 +55,10 @@ def test_enforce_mode_refuses_without_taking_a_lease(make_user, gates, configure
     assert second.refused and not second.holding
     assert second.counts[Lane.USER] == 1
     assert zcard(lanes, Lane.USER, user.pk) == 1
-    assert second.refusal_body() == {
+    assert refusal_body(second) == {
         'detail': 'Matching is busy. Please retry in 5 seconds.', 'error_code': 'capacity_exceeded',
         'scope': 'user', 'paused': False, 'retry_after': 5}
-    first.release()
+    capacity_gate.release(first)
     assert gates(user).decision == Decision.ADMITTED
 
 
@@ -77,7 +79,7 @@ def test_a_stale_lease_expires(make_user, gates, lanes):
     gate = gates(user)
     assert gate.decision == Decision.ADMITTED
     assert lanes.zrange(key, 0, -1) == [gate.token.encode()]
-    assert RedisLanes.expired_total() == 1
+    assert get_store().expired_total() == 1
 
 
 def test_single_row_calls_can_use_the_reserved_slot(make_user, gates, configure):
@@ -140,8 +142,8 @@ def test_only_semantic_calls_take_an_es2_knn_lane(make_user, gates, configure):
 def test_a_paused_tier(make_user, gates, configure):
     configure(mode='enforce', enforce_for='all', tiers={'staff': 4, 'core': 4, 'early_access': 3, 'preview': 0})
     gate = gates(make_user())
-    assert gate.refused and gate.scope == Lane.TIER and gate.retry_after == 120 and gate.suggested() == 0
-    assert gate.refusal_body()['paused'] is True
+    assert gate.refused and gate.scope == Lane.TIER and gate.retry_after == 120 and gate.suggested == 0
+    assert refusal_body(gate)['paused'] is True
 
 
 def test_a_paused_lane_is_the_scope_reported(make_user, gates, configure):
@@ -151,7 +153,7 @@ def test_a_paused_lane_is_the_scope_reported(make_user, gates, configure):
     gate = gates(make_user(), semantic=False, reranker=True)
     assert gate.full == (Lane.API_HEAVY, Lane.TIER)
     assert gate.scope == Lane.TIER
-    body = gate.refusal_body()
+    body = refusal_body(gate)
     assert (body['scope'], body['paused'], body['retry_after']) == ('tier', True, 120)
 
 
@@ -169,10 +171,10 @@ def test_retry_after_grows_with_the_calls_ahead_up_to_the_max(make_user, gates, 
 
 def test_suggested_concurrency(make_user, gates, configure):
     configure(es2_knn=9, api_heavy={'cluster': 4, 'per_task': 4})
-    assert gates(make_user('core_user')).suggested() == 3
-    assert gates(make_user('core_user')).suggested() == 2
-    assert gates(make_user()).suggested() == 1
-    assert decisions.suggested_concurrency([], {}) is None
+    assert gates(make_user('core_user')).suggested == 3
+    assert gates(make_user('core_user')).suggested == 2
+    assert gates(make_user()).suggested == 1
+    assert decisions.suggested_concurrency({}, {}) is None
 
 
 def test_the_waiting_room_admits_that_many_beyond_the_limit(make_user, gates, configure):
@@ -194,16 +196,16 @@ def test_a_queued_call_holds_its_leases_until_its_queue_deadline(make_user, gate
 def test_redis_failure_fails_open_and_skips_redis_for_a_while(make_user, gates):
     user = make_user()
     broken = mock.Mock(side_effect=redis.ConnectionError('refused'))
-    with mock.patch.object(RedisLanes, 'acquire', broken):
+    with mock.patch.object(LaneStore, 'acquire', broken):
         gate = gates(user)
         assert gate.decision == Decision.UNAVAILABLE and not gate.holding
         assert gate.error == 'ConnectionError: refused'
-        assert not RedisLanes.is_available()
+        assert not get_store().is_available()
         skipped = gates(user)
         assert skipped.decision == Decision.UNAVAILABLE and broken.call_count == 1
-        assert skipped.suggested() == 1
-        assert HEADERS_WITHOUT_COUNTS <= set(skipped.headers())
-        RedisLanes.unavailable_until = 0
+        assert skipped.suggested == 1
+        assert HEADERS_WITHOUT_COUNTS <= set(headers(skipped))
+        get_store().unavailable_until = 0
         gates(user)
         assert broken.call_count == 2
 
@@ -233,36 +235,31 @@ def test_an_unexpected_error_fails_open(make_user, gates):
     with mock.patch('capacity.gate.get_tier', side_effect=KeyError('tier')):
         gate = gates(make_user())
     assert gate.decision == Decision.UNAVAILABLE and gate.error == "KeyError: 'tier'"
-    assert RedisLanes.is_available()  # not a Redis error: the skip window stays shut
-    assert gate.record()['decision'] == 'unavailable'
+    assert get_store().is_available()  # not a Redis error: the skip window stays shut
+    assert log_record(gate)['decision'] == 'unavailable'
 
 
 def test_off_mode_does_nothing(make_user, gates, configure):
     configure(mode='off')
-    with mock.patch.object(RedisLanes, 'acquire') as acquire:
+    with mock.patch.object(LaneStore, 'acquire') as acquire:
         gate = gates(make_user())
     acquire.assert_not_called()
-    assert gate.decision is None and gate.headers() == {} and gate.record() is None
+    assert gate.decision is None and headers(gate) == {} and log_record(gate) is None
 
 
 def test_headers(make_user, gates, configure):
-    gate = gates(make_user())
-    assert gate.headers() == {
+    user = make_user()
+    gate = gates(user)
+    assert headers(gate) == {
         'X-OCL-Capacity-Decision': 'admitted', 'X-OCL-Capacity-Limit': '3', 'X-OCL-Capacity-In-Flight': '1',
         'X-OCL-Capacity-Tier': 'preview', 'X-OCL-Capacity-Tier-Limit': '2', 'X-OCL-Capacity-Tier-In-Flight': '1',
         'X-OCL-Capacity-Suggested-Concurrency': '1'}
     configure(mode='enforce', enforce_for='all')
-    refused = gates(gate.user)
-    assert refused.headers()['X-OCL-Capacity-Decision'] == 'refused'
-    assert refused.headers()['Retry-After'] == '5'
-    assert 'Retry-After' not in gate.headers()
-
-    class Broken(dict):
-        def __setitem__(self, name, value):
-            raise ValueError('bad header')
-    gate.apply_headers(Broken())
-    assert gate.error == 'ValueError: bad header'
-    assert gate.apply_headers(None) is None
+    refused = gates(user)
+    assert headers(refused)['X-OCL-Capacity-Decision'] == 'refused'
+    assert headers(refused)['Retry-After'] == '5'
+    assert 'Retry-After' not in headers(gate)
+    assert headers(None) == {}
 
 
 def test_the_log_record(make_user, gates, settings):
@@ -270,11 +267,11 @@ def test_the_log_record(make_user, gates, settings):
     user = make_user()
     gates(user)
     stamp = format(int(time.time()) - 3, 'x')
-    gate = CapacityGate(user, '$match', rows=25, semantic=False, reranker=True, queue='api_heavy',
-                        metadata={'algorithm_id': 'a' * 150, 'automatch_run_id': 'r' * 30},
-                        trace_id=f'Root=1-{stamp}-abcdef', request_source='automatch').acquire()
-    record = gate.record()
-    gate.release()
+    facts = RequestFacts.from_meta({
+        'HTTP_X_OCL_EVENT_METADATA': json.dumps({'algorithm_id': 'a' * 150, 'automatch_run_id': 'r' * 30}),
+        'HTTP_X_AMZN_TRACE_ID': f'Root=1-{stamp}-abcdef', 'HTTP_X_OCL_REQUEST_SOURCE': 'automatch'})
+    gate = gates(user, rows=25, semantic=False, reranker=True, queue='api_heavy', facts=facts)
+    record = log_record(gate)
     assert record['queue_ms'] >= 3000
     del record['queue_ms']
     assert record == {
@@ -306,7 +303,7 @@ def test_status(make_user, gates, settings):
         'users': {str(preview.pk): {'in_flight': 1}, str(core.pk): {'in_flight': 1}},
         'leases_expired_total': 0,
     }
-    with mock.patch.object(RedisLanes, 'find_keys', side_effect=redis.ConnectionError('down')):
+    with mock.patch.object(LaneStore, 'find_keys', side_effect=redis.ConnectionError('down')):
         broken = get_status(get_config())
     assert broken['redis'] == 'ConnectionError: down' and 'api_heavy' not in broken
 

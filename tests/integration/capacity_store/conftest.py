@@ -15,16 +15,16 @@ import time
 import pytest
 import redis
 
-from capacity.store import RedisLanes
+from capacity.store import LaneStore, use_store
 from tests.conftest import missing_service
 
 
 @pytest.fixture
 def lanes(redis_client):
-    """RedisLanes on this test's backend (fakeredis or the real Redis; `redis_client` deletes the keys)."""
-    RedisLanes.use_client(redis_client)
-    yield RedisLanes
-    RedisLanes.use_client(None)
+    """A LaneStore on this test's backend (fakeredis or the real Redis; `redis_client` deletes the keys)."""
+    store = use_store(LaneStore(redis_client))
+    yield store
+    use_store(None)
 
 
 def free_port():
@@ -131,7 +131,7 @@ def silent_server():
 
 @pytest.fixture
 def lanes_at(settings):
-    """lanes_at(port, sentinels=False): RedisLanes with a client built by build_redis_client() for `port`."""
+    """lanes_at(port, sentinels=False): a LaneStore with a client built by build_redis_client() for `port`."""
     from capacity.store import build_redis_client
 
     def point(port, sentinels=False):
@@ -141,11 +141,11 @@ def lanes_at(settings):
         settings.REDIS_SENTINELS_LIST = [('127.0.0.1', port)]
         settings.REDIS_SENTINELS_MASTER = 'primary'
         client = build_redis_client()
-        RedisLanes.use_client(client)
+        made.append(use_store(LaneStore(client)))
         return client
 
+    made = []
     yield point
-    client = RedisLanes.client
-    RedisLanes.use_client(None)
-    if client is not None:
-        client.close()
+    use_store(None)
+    for store in made:
+        store.client.close()

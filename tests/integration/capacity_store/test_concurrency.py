@@ -16,7 +16,7 @@ FAR_FUTURE_MS = 2 ** 50
 def run_script(client, script, keys, args):
     """Run a lane script on this thread's own connection.
 
-    Not through RedisLanes.call: a process has one Redis thread whose queue holds 8 jobs, so 32 callers
+    Not through get_store().call: a process has one Redis thread whose queue holds 8 jobs, so 32 callers
     would mostly get 'busy' and the race would happen in that queue instead of in Redis.
     """
     return script(keys=keys, args=args, client=client)

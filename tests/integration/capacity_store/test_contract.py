@@ -1,6 +1,6 @@
 """The lane store's contract, run on fakeredis (real Lua through lupa) and on the real Redis.
 
-Every test goes through RedisLanes (its Redis thread, its scripts) with the `lanes` fixture, and reads
+Every test goes through the LaneStore (its Redis thread, its scripts) with the `lanes` fixture, and reads
 Redis directly with the same client to check what the scripts left behind.
 """
 import fakeredis
@@ -9,7 +9,7 @@ import redis
 
 from capacity.constants import Lane
 from capacity.keys import expired_key, lane_id, lane_key
-from capacity.store import LATE_ACQUIRE, Acquired, RedisLanes
+from capacity.store import LATE_ACQUIRE, Acquired, LaneStore, get_store, use_store
 
 LEASE_MS = 60_000
 
@@ -194,15 +194,15 @@ def test_a_script_redis_no_longer_has_is_loaded_again(key_prefix):
     """EVALSHA falls back to loading the script. On fakeredis only: SCRIPT FLUSH on the shared Redis would
     empty everyone's script cache (test_faults restarts a redis-server of its own for the real case)."""
     client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
-    RedisLanes.use_client(client)
+    use_store(LaneStore(client))
     try:
         key = lane_key(Lane.API_HEAVY)
-        lanes = RedisLanes
+        lanes = get_store()
         lanes.acquire([key], [4], 'call-1', LEASE_MS, force=False)
         client.script_flush()
         assert lanes.acquire([key], [4], 'call-2', LEASE_MS, force=False) == Acquired(True, (1,))
     finally:
-        RedisLanes.use_client(None)
+        use_store(None)
         client.close()
 
 

@@ -1,5 +1,5 @@
 """Real faults: a redis-server of our own stopped with SIGSTOP or restarted, a server that never answers,
-a port nobody listens on. A call through RedisLanes must cost at most the deadline and take no lease late.
+a port nobody listens on. A call through the LaneStore must cost at most the deadline and take no lease late.
 """
 import time
 
@@ -8,7 +8,7 @@ import redis
 
 from capacity.constants import Lane
 from capacity.keys import lane_key
-from capacity.store import LATE_ACQUIRE, Acquired, RedisLanes
+from capacity.store import LATE_ACQUIRE, Acquired, LaneStore, get_store, use_store
 
 pytestmark = pytest.mark.slow
 
@@ -36,10 +36,10 @@ def timed(function, *args, **kwargs):
 def test_a_stopped_redis_costs_a_call_at_most_the_deadline(own_redis, lanes_at, deadline):
     lanes_at(own_redis.port)
     key = lane_key(Lane.API_HEAVY)
-    assert RedisLanes.count([key]) == [0]  # connected, scripts loaded
+    assert get_store().count([key]) == [0]  # connected, scripts loaded
     own_redis.pause()
     try:
-        error, elapsed = timed(RedisLanes.acquire, [key], [4], 'call-1', LEASE_MS, force=False)
+        error, elapsed = timed(get_store().acquire, [key], [4], 'call-1', LEASE_MS, force=False)
     finally:
         own_redis.resume()
     assert isinstance(error, redis.TimeoutError)
@@ -51,41 +51,41 @@ def test_a_call_queued_behind_a_hung_one_never_runs_and_a_late_acquire_takes_not
         own_redis, lanes_at, deadline, settings, monkeypatch):
     client = lanes_at(own_redis.port)
     key = lane_key(Lane.API_HEAVY)
-    assert RedisLanes.count([key]) == [0]
+    assert get_store().count([key]) == [0]
     ran = []
-    run_script = RedisLanes.run_script
+    run_script = get_store().run_script
 
     def spy(name, keys, args):  # records what really reached Redis, on the Redis thread
         result = run_script(name, keys, args)
         ran.append((args[0], list(result)))
         return result
 
-    monkeypatch.setattr(RedisLanes, 'run_script', staticmethod(spy))
+    monkeypatch.setattr(get_store(), 'run_script', spy)
     own_redis.pause()
     try:
         # The first acquire says Redis must not run it 100 ms from now; Redis wakes up later than that.
-        first, elapsed_first = timed(RedisLanes.acquire, [key], [4], 'first', LEASE_MS, force=True,
+        first, elapsed_first = timed(get_store().acquire, [key], [4], 'first', LEASE_MS, force=True,
                                      not_after_ms=int(time.time() * 1000) + 100)
         # The second keeps the default guard (deadline + 2 s): were it run after the resume, it would lease.
-        second, elapsed_second = timed(RedisLanes.acquire, [key], [4], 'second', LEASE_MS, force=True)
+        second, elapsed_second = timed(get_store().acquire, [key], [4], 'second', LEASE_MS, force=True)
     finally:
         own_redis.resume()
     assert isinstance(first, redis.TimeoutError) and isinstance(second, redis.TimeoutError)
     assert elapsed_first < deadline + SLACK and elapsed_second < deadline + SLACK
 
     settings.CAPACITY_REDIS_DEADLINE_SECONDS = 5
-    assert RedisLanes.call(lambda: 'drained') == 'drained'  # the thread got past both jobs
+    assert get_store().call(lambda: 'drained') == 'drained'  # the thread got past both jobs
     assert ran == [('first', [-1])]  # Redis ran the first late and it refused itself; the second never ran
     assert client.zcard(key) == 0
     # Redis is back: the next acquire works on the same client.
-    assert RedisLanes.acquire([key], [4], 'third', LEASE_MS, force=False) == Acquired(True, (0,))
+    assert get_store().acquire([key], [4], 'third', LEASE_MS, force=False) == Acquired(True, (0,))
     with pytest.raises(redis.TimeoutError, match=LATE_ACQUIRE):
-        RedisLanes.acquire([key], [4], 'fourth', LEASE_MS, force=True, not_after_ms=1)
+        get_store().acquire([key], [4], 'fourth', LEASE_MS, force=True, not_after_ms=1)
 
 
 def test_a_server_that_never_answers_costs_a_call_at_most_the_deadline(silent_server, lanes_at, deadline):
     lanes_at(silent_server.port)
-    error, elapsed = timed(RedisLanes.count, [lane_key(Lane.API_HEAVY)])
+    error, elapsed = timed(get_store().count, [lane_key(Lane.API_HEAVY)])
     assert str(error) == 'no answer from Redis within 0.2 s'
     assert elapsed < deadline + SLACK
     assert silent_server.accepted.is_set()  # the hang was after the TCP handshake
@@ -96,7 +96,7 @@ def test_a_socket_timeout_is_not_retried(silent_server, lanes_at, settings):
     settings.CAPACITY_REDIS_TIMEOUT_SECONDS = 0.3
     settings.CAPACITY_REDIS_DEADLINE_SECONDS = 3
     lanes_at(silent_server.port)
-    error, elapsed = timed(RedisLanes.count, [lane_key(Lane.API_HEAVY)])
+    error, elapsed = timed(get_store().count, [lane_key(Lane.API_HEAVY)])
     assert isinstance(error, redis.TimeoutError)
     assert 'no answer from Redis' not in str(error)
     assert 0.3 <= elapsed < 0.55  # a retry would take another 0.3 s
@@ -105,7 +105,7 @@ def test_a_socket_timeout_is_not_retried(silent_server, lanes_at, settings):
 def test_a_sentinel_that_never_answers_costs_a_call_at_most_the_deadline(silent_server, lanes_at, deadline):
     lanes_at(silent_server.port, sentinels=True)
     key = lane_key(Lane.API_HEAVY)
-    error, elapsed = timed(RedisLanes.acquire, [key], [4], 'call-1', LEASE_MS, force=False)
+    error, elapsed = timed(get_store().acquire, [key], [4], 'call-1', LEASE_MS, force=False)
     assert str(error) == 'no answer from Redis within 0.2 s'
     assert elapsed < deadline + SLACK
 
@@ -114,7 +114,7 @@ def test_a_port_nobody_listens_on_fails_at_once(lanes_at, deadline):
     from tests.integration.capacity_store.conftest import free_port
 
     lanes_at(free_port())
-    error, elapsed = timed(RedisLanes.count, [lane_key(Lane.API_HEAVY)])
+    error, elapsed = timed(get_store().count, [lane_key(Lane.API_HEAVY)])
     assert isinstance(error, redis.ConnectionError)
     assert elapsed < deadline
 
@@ -123,9 +123,9 @@ def test_after_a_redis_restart_the_scripts_are_loaded_again(own_redis, lanes_at,
     settings.CAPACITY_REDIS_DEADLINE_SECONDS = 2
     client = lanes_at(own_redis.port)
     key = lane_key(Lane.API_HEAVY)
-    assert RedisLanes.acquire([key], [4], 'before', LEASE_MS, force=False) == Acquired(True, (0,))
+    assert get_store().acquire([key], [4], 'before', LEASE_MS, force=False) == Acquired(True, (0,))
     own_redis.stop()
     own_redis.start()  # same port, empty: no keys, no scripts
-    assert not client.script_exists(RedisLanes.scripts['acquire'].sha)[0]
-    assert RedisLanes.acquire([key], [4], 'after', LEASE_MS, force=False) == Acquired(True, (0,))
-    assert client.script_exists(RedisLanes.scripts['acquire'].sha)[0]
+    assert not client.script_exists(get_store().script('acquire', get_store().client).sha)[0]
+    assert get_store().acquire([key], [4], 'after', LEASE_MS, force=False) == Acquired(True, (0,))
+    assert client.script_exists(get_store().script('acquire', get_store().client).sha)[0]

@@ -83,7 +83,7 @@ def test_killing_an_api_process_mid_request_leaves_no_unqueued_call_and_no_endle
     assert isinstance(answers[0], requests.RequestException) or answers[0].status_code >= 500
     calls = list(HeavyCall.objects.all())
     assert len(calls) == 1 and calls[0].state == 'queued'
-    assert depth(calls[0].lane) == 1, list(broker.scan_iter('*'))  # recorded as submitted => in the queue
+    assert depth(calls[0].queue) == 1, list(broker.scan_iter('*'))  # recorded as submitted => in the queue
     # The dead request's host lease can't be released by anyone; it ends at its expiry, not never.
     (token, score), = lanes_redis.zrange(task_key, 0, -1, withscores=True)
     assert score <= killed_at_ms + 600_000 + 1_000

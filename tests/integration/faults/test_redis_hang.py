@@ -9,7 +9,8 @@ import pytest
 import redis
 from django.db import connection
 
-from capacity.store import RedisLanes
+from capacity.store import use_store
+from common import connections
 from tests.integration.workers.conftest import wait_until
 from tests.integration.workers.test_queue import LONG_ROWS, submit
 from workers.models import HeavyCall
@@ -26,9 +27,11 @@ def hanging_lanes(own_redis, settings, start_worker):
     settings.REDIS_URL = f'redis://127.0.0.1:{own_redis.port}/0'
     settings.CAPACITY_REDIS_DEADLINE_SECONDS = DEADLINE
     settings.CAPACITY_REDIS_RETRY_SECONDS = SKIP
-    RedisLanes.use_client(None)  # built from the settings above, with the production timeouts
+    use_store(None)  # built from the settings above, with the production timeouts
+    connections.forget()
     yield own_redis
-    RedisLanes.use_client(None)
+    use_store(None)
+    connections.forget()
 
 
 def in_flight(port):
@@ -82,14 +85,14 @@ def test_a_hung_redis_that_is_also_the_broker_is_a_clear_503_with_nothing_half_s
         hanging_lanes, tiny_source, make_user, api_as, monkeypatch):
     from celery import Celery
 
-    from workers import submission
+    from workers import lifecycle
     from workers.celery import app
     monkeypatch.delenv('CELERY_BROKER_URL')  # Celery lets this variable win over any configured URL
     same = Celery('same-redis', broker=f'redis://127.0.0.1:{hanging_lanes.port}/1', set_as_current=False)
     same.conf.update(task_publish_retry_policy=app.conf.task_publish_retry_policy,
                      broker_transport_options=app.conf.broker_transport_options)
-    monkeypatch.setattr(submission, 'send', lambda call: same.send_task(
-        'heavy_lanes.run_heavy_call', args=[call.pk], task_id=call.pk, queue=call.lane))
+    monkeypatch.setattr(lifecycle, 'send', lambda call: same.send_task(
+        'heavy_lanes.run_heavy_call', args=[call.pk], task_id=call.pk, queue=call.queue))
     user = make_user()
     hanging_lanes.pause()
     try:

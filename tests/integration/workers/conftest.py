@@ -18,7 +18,7 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from capacity.config import clear_cache, save_config
-from capacity.store import RedisLanes
+from capacity.store import LaneStore, use_store
 from tests.conftest import delete_prefixed, real_redis_client
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -100,10 +100,10 @@ def broker():
 def lanes_redis(key_prefix, transactional_db):
     """The real Redis as the lane store for this process and the workers (keys under the test prefix)."""
     client = real_redis_client()
-    RedisLanes.use_client(client)
+    use_store(LaneStore(client))
     clear_cache()
     yield client
-    RedisLanes.use_client(None)
+    use_store(None)
     clear_cache()
     delete_prefixed(client, key_prefix)
     client.close()

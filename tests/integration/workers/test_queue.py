@@ -9,6 +9,8 @@ import pytest
 from capacity.constants import Lane
 from capacity.keys import lane_key
 from tests.integration.workers.conftest import wait_until
+from workers import lifecycle
+from workers.lifecycle import admission_of
 from workers.models import HeavyCall
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
@@ -99,12 +101,17 @@ def running_pid(call_id, timeout=30):
     return int(call.worker.rsplit(' ', 1)[1])
 
 
+def worker_keys(call):
+    """The lanes the call's worker renews and releases."""
+    return [state.key for state in admission_of(call).worker_lanes()]
+
+
 def holds(redis_client, call_id):
     """How many of the call's lanes still hold an unexpired lease for it."""
     call = HeavyCall.objects.get(pk=call_id)
     seconds, micros = redis_client.time()
     now_ms = seconds * 1000 + micros // 1000
-    return sum(1 for key in call.admission['keys'] if (redis_client.zscore(key, call_id) or 0) > now_ms)
+    return sum(1 for key in worker_keys(call) if (redis_client.zscore(key, call_id) or 0) > now_ms)
 
 
 def test_a_killed_pool_process_gets_its_call_delivered_again_at_once(
@@ -130,7 +137,7 @@ def test_a_killed_worker_node_frees_its_leases_and_its_call_runs_again_after_the
     client = api_as(make_user())
     call_id = submit_long(client, tiny_source)
     running_pid(call_id)
-    assert holds(lanes_redis, call_id) == len(HeavyCall.objects.get(pk=call_id).admission['keys'])
+    assert holds(lanes_redis, call_id) == len(worker_keys(HeavyCall.objects.get(pk=call_id)))
     killed_at = time.monotonic()
     first.kill()
     wait_until(lambda: holds(lanes_redis, call_id) == 0, timeout=17, interval=0.2, message='leases to expire')
@@ -157,16 +164,27 @@ def test_cancelling_a_queued_call_and_a_running_call(
 
     configure(es2_knn=3)
     running = submit_long(client, tiny_source)
-    running_pid(running)
+    pid = running_pid(running)
     response = client.delete(f'/tasks/{running}/')
     assert response.status_code == 200 and response.json()['state'] == 'cancelled'
-    assert holds(lanes_redis, running) == 0
+    # Its leases go back once its work has stopped: the pool process running it is terminated.
+    wait_until(lambda: not pid_alive(pid), timeout=10, message='the running call stopped')
+    wait_until(lambda: holds(lanes_redis, running) == 0, timeout=10, message='its leases released')
+    assert lifecycle.result(HeavyCall.objects.get(pk=running)) is None
     # The worker goes on: a new call runs, and the cancelled ones stay cancelled and never ran again.
     after = submit(client, tiny_source).json()['id']
     assert poll(client, after).json()['state'] == 'succeeded'
     assert HeavyCall.objects.get(pk=queued).attempts == 0
     assert HeavyCall.objects.get(pk=queued).state == 'cancelled'
     assert HeavyCall.objects.get(pk=running).state == 'cancelled'
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def pool_of(node):

@@ -1,4 +1,4 @@
-"""RedisLanes' process state and its deadline, with plain Python operations standing in for Redis.
+"""A LaneStore's process state and its deadline, with plain Python operations standing in for Redis.
 
 Real hangs (a SIGSTOPped redis-server, a server that never answers) are in
 tests/integration/capacity_store/test_faults.py.
@@ -11,15 +11,15 @@ import fakeredis
 import pytest
 import redis
 
-from capacity.store import RedisLanes
+from capacity.store import LaneStore, get_store, use_store
 from capacity.threads import MAX_QUEUED
 
 
 @pytest.fixture(autouse=True)
 def fresh_lanes():
-    RedisLanes.use_client(None)
-    yield RedisLanes
-    RedisLanes.use_client(None)
+    store = use_store(None)
+    yield store
+    use_store(None)
 
 
 @pytest.fixture
@@ -31,7 +31,7 @@ def gate():
 
 
 def test_a_call_returns_what_the_operation_returns_and_runs_it_on_the_redis_thread():
-    assert RedisLanes.call(lambda a, b: (a + b, threading.current_thread().name), 2, 3) == (
+    assert get_store().call(lambda a, b: (a + b, threading.current_thread().name), 2, 3) == (
         5, 'ocl-capacity-redis')
 
 
@@ -39,7 +39,7 @@ def test_a_call_that_hangs_fails_at_the_deadline(settings, gate):
     settings.CAPACITY_REDIS_DEADLINE_SECONDS = 0.1
     started = time.monotonic()
     with pytest.raises(redis.TimeoutError) as error:
-        RedisLanes.call(gate.wait)
+        get_store().call(gate.wait)
     elapsed = time.monotonic() - started
     assert str(error.value) == 'no answer from Redis within 0.1 s'
     assert 0.1 <= elapsed < 0.3
@@ -49,12 +49,12 @@ def test_a_call_queued_behind_a_hung_one_times_out_and_never_runs(settings, gate
     settings.CAPACITY_REDIS_DEADLINE_SECONDS = 0.05
     ran = []
     with pytest.raises(redis.TimeoutError):
-        RedisLanes.call(gate.wait)
+        get_store().call(gate.wait)
     with pytest.raises(redis.TimeoutError):
-        RedisLanes.call(ran.append, 'second')
+        get_store().call(ran.append, 'second')
     gate.set()
     settings.CAPACITY_REDIS_DEADLINE_SECONDS = 2
-    assert RedisLanes.call(ran.append, 'third') is None  # the thread has got past the second job
+    assert get_store().call(ran.append, 'third') is None  # the thread has got past the second job
     assert ran == ['third']
 
 
@@ -65,16 +65,16 @@ def test_an_operations_own_errors_reach_the_caller_unchanged(settings):
         raise error
 
     with pytest.raises(redis.ConnectionError, match='refused'):
-        RedisLanes.call(fail, redis.ConnectionError('refused'))
+        get_store().call(fail, redis.ConnectionError('refused'))
     # A socket timeout is a builtin TimeoutError, the same class a job's wait raises at its timeout:
     # it must not be reported as the deadline.
     with pytest.raises(TimeoutError, match='socket read'):
-        RedisLanes.call(fail, TimeoutError('socket read'))
+        get_store().call(fail, TimeoutError('socket read'))
 
 
 def test_a_busy_redis_thread_refuses_a_call_at_once(settings, gate):
     settings.CAPACITY_REDIS_DEADLINE_SECONDS = 5
-    thread = RedisLanes.get_redis_thread()
+    thread = get_store().thread
     running = threading.Event()
     thread.submit(lambda: (running.set(), gate.wait()))
     assert running.wait(2)
@@ -82,42 +82,42 @@ def test_a_busy_redis_thread_refuses_a_call_at_once(settings, gate):
         thread.submit(gate.wait)
     started = time.monotonic()
     with pytest.raises(redis.ConnectionError, match='busy'):
-        RedisLanes.call(int)
+        get_store().call(int)
     assert time.monotonic() - started < 0.1
 
 
 def test_a_redis_error_opens_the_skip_window_for_the_retry_time(settings):
     settings.CAPACITY_REDIS_RETRY_SECONDS = 15
-    assert RedisLanes.is_available()
-    RedisLanes.mark_unavailable()
-    assert not RedisLanes.is_available()
-    assert 14 < RedisLanes.unavailable_until - time.monotonic() <= 15
+    assert get_store().is_available()
+    get_store().mark_unavailable()
+    assert not get_store().is_available()
+    assert 14 < get_store().unavailable_until - time.monotonic() <= 15
     settings.CAPACITY_REDIS_RETRY_SECONDS = 0.05
-    RedisLanes.mark_unavailable()
+    get_store().mark_unavailable()
     time.sleep(0.06)
-    assert RedisLanes.is_available()
+    assert get_store().is_available()
 
 
-def test_use_client_resets_the_process_state(settings):
+def test_each_store_has_its_own_process_state(settings):
     settings.CAPACITY_REDIS_RETRY_SECONDS = 15
     first, second = fakeredis.FakeRedis(), fakeredis.FakeRedis()
-    RedisLanes.use_client(first)
-    script = RedisLanes.get_script('count', first)
-    thread = RedisLanes.get_redis_thread()
-    RedisLanes.mark_unavailable()
-    RedisLanes.use_client(second)
-    assert RedisLanes.get_client() is second
-    assert RedisLanes.is_available()
-    assert RedisLanes.get_redis_thread() is not thread
-    assert RedisLanes.get_script('count', second) is not script
-    assert RedisLanes.get_script('count', second) is RedisLanes.get_script('count', second)
+    store = use_store(LaneStore(first))
+    script = store.script('count', first)
+    thread = store.thread
+    store.mark_unavailable()
+    other = use_store(LaneStore(second))
+    assert get_store() is other and other.client is second
+    assert other.is_available()
+    assert other.thread is not thread
+    assert other.script('count', second) is not script
+    assert other.script('count', second) is other.script('count', second)
 
 
 def test_the_client_is_built_once_from_settings(settings):
     settings.REDIS_SENTINELS = False
     settings.REDIS_HOST, settings.REDIS_PORT = 'redis.example', 6390
     clients = []
-    threads = [threading.Thread(target=lambda: clients.append(RedisLanes.get_client())) for _ in range(8)]
+    threads = [threading.Thread(target=lambda: clients.append(get_store().client)) for _ in range(8)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -129,15 +129,15 @@ def test_the_client_is_built_once_from_settings(settings):
 def test_a_forked_process_gets_its_own_redis_thread(settings):
     """gunicorn forks workers: a child inherits the parent's thread object, but not the running thread."""
     settings.CAPACITY_REDIS_DEADLINE_SECONDS = 2
-    parent_thread = RedisLanes.get_redis_thread()
-    assert RedisLanes.call(os.getpid) == os.getpid()
+    parent_thread = get_store().thread
+    assert get_store().call(os.getpid) == os.getpid()
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: report through the pipe and leave without running pytest's teardown
         code = 1
         try:
-            child_thread = RedisLanes.get_redis_thread()
-            answer = RedisLanes.call(os.getpid)
+            child_thread = get_store().thread
+            answer = get_store().call(os.getpid)
             os.write(write_end, f'{child_thread is not parent_thread} {answer == os.getpid()}'.encode())
             code = 0
         finally:
@@ -150,4 +150,4 @@ def test_a_forked_process_gets_its_own_redis_thread(settings):
         _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert report == 'True True'
-    assert RedisLanes.get_redis_thread() is parent_thread
+    assert get_store().thread is parent_thread

@@ -11,7 +11,8 @@ from common.process import ForkGuard, PerProcess
 
 # Every module with process state keeps it in one PerProcess (or the fork guard).
 PER_PROCESS = [
-    ('capacity.logs', '_sinks'), ('capacity.config', '_cache_lock'), ('common.connections', '_clients'),
+    ('capacity.store', '_stores'), ('capacity.logs', '_sinks'), ('capacity.counters', '_pending'),
+    ('capacity.config', '_cache_lock'), ('common.connections', '_clients'),
     ('concepts.matching.store', '_cache_lock'), ('concepts.matching.store', '_build_locks'),
 ]
 

@@ -1,0 +1,337 @@
+"""One heavy call's lifecycle: every state change is one function here, each a guarded UPDATE.
+
+    queued ──start──▶ running ──succeed──▶ succeeded
+      │                  ├──────fail─────▶ failed
+      ├──cancel──▶ cancelled ◀──cancel──┘
+      └──expire──▶ expired                 (not started before its queue deadline)
+
+- `enqueue(call)` writes the row and publishes its message in one transaction: no row without a message.
+- `start(call, worker)` claims a queued call for a worker, or takes over a running one whose worker is
+  gone (a redelivery); a duplicate message of a call that runs elsewhere gets `BUSY` and must not run. A call
+  runs at most once at a time.
+- `beat(call, worker)` is the running worker's heartbeat; False means the call is no longer its own
+  (cancelled, or taken over), and the work must stop.
+- `succeed` stores the result (django-celery-results' TaskResult, by task id) and the state in one
+  transaction, so a poll that sees `succeeded` finds the result and a cancelled call never gets one;
+  `fail` records the error and gives the usage back (the row is the usage record).
+- `cancel` ends a queued call at once (its leases go back now) or a running one (its worker stops it and
+  releases its leases once it has stopped); `expire` and `end_unstarted` end a call that will never run.
+
+The read side is here too: `position`, `result`, `wait`, `log_line`. Workers and views call these and
+never write a call's state themselves; this is the only module that reads the stored results.
+"""
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+from celery import states
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from capacity.admission import Admission, log_record
+from capacity.config import get_config
+from capacity.logs import emit
+from workers import notify
+from workers.celery import TASK_NAME, app
+from workers.models import FINAL_STATES, OPEN_STATES, HeavyCall, State
+
+logger = logging.getLogger('heavy_lanes')
+ERROR_LENGTH = 2000
+ROW_WAIT_SECONDS = 5.0
+CANCELLED = 'The call was cancelled.'
+EXPIRED = 'The call waited in its queue past its deadline and was not run.'
+FAILED = 'The call failed.'
+
+
+# --- create and publish -------------------------------------------------------------------------------------
+
+def send(call):
+    """Publish the call's message on its queue, expiring at its queue deadline (by task name: the API
+    never imports the tasks module, and so none of the workers' signal handlers)."""
+    app.send_task(TASK_NAME, args=[call.pk], task_id=call.pk, queue=call.queue, expires=call.expires_at,
+                  priority=call.priority)
+
+
+def enqueue(call, publish=None):
+    """Insert `call` (a new, unsaved HeavyCall) and publish its message, in one transaction.
+
+    A publish that fails rolls the row back and raises; an IntegrityError means another request with the
+    same Idempotency-Key won the race (the caller answers with that call).
+    """
+    with transaction.atomic():
+        call.save(force_insert=True)  # the row is also the call's usage record
+        (publish or send)(call)
+    return call
+
+
+# --- the worker's side --------------------------------------------------------------------------------------
+
+def load(call_id, wait=None):
+    """The call's row, waiting up to ROW_WAIT_SECONDS for the API's commit; None if it never comes."""
+    deadline = time.monotonic() + (ROW_WAIT_SECONDS if wait is None else wait)
+    pause = 0.002  # the commit is usually a millisecond or two behind the message: look again soon
+    while True:
+        call = HeavyCall.objects.filter(pk=call_id).first()
+        if call is not None or time.monotonic() >= deadline:
+            return call
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
+@dataclass(frozen=True)
+class Start:
+    """What `start` decided for one delivery of a call's message."""
+
+    kind: str          # RUN, EXPIRE, ENDED or BUSY
+    redelivered: bool = False
+
+
+RUN, EXPIRE, ENDED, BUSY = 'run', 'expire', 'ended', 'busy'
+
+
+def worker_name(node):
+    return f'{node} pid {os.getpid()}'
+
+
+def holder_gone(call, me, now, stale_seconds):
+    """Whether the worker that last marked `call` running is gone (so this delivery may take over).
+
+    Gone: it never beat, or its heartbeat is older than `stale_seconds`, or it ran on this node in a
+    process that no longer exists (a pool process killed: the broker redelivers at once).
+    """
+    if not call.worker or call.heartbeat_at is None or call.heartbeat_at < now - timedelta(seconds=stale_seconds):
+        return True
+    node, _, pid = call.worker.rpartition(' pid ')
+    my_node = me.rpartition(' pid ')[0]
+    if node != my_node or not pid.isdigit():
+        return False
+    if int(pid) == os.getpid():
+        return True  # this process runs one call at a time: its earlier run of it is over
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def start(call, worker):
+    """Claim `call` for `worker` ('<node> pid <pid>'); see Start. Updates `call` to what was written."""
+    now = timezone.now()
+    if call.state == State.QUEUED and now >= call.expires_at:
+        return Start(EXPIRE)
+    if call.state not in OPEN_STATES:
+        return Start(ENDED)
+    redelivered = call.attempts > 0
+    claim = HeavyCall.objects.filter(pk=call.pk)
+    if call.state == State.QUEUED:
+        claim = claim.filter(state=State.QUEUED)
+    elif holder_gone(call, worker, now, get_config()['lease_seconds']):
+        # Compare and set: of two deliveries taking over at once, one wins.
+        claim = claim.filter(state=State.RUNNING, worker=call.worker, heartbeat_at=call.heartbeat_at)
+    else:
+        return Start(BUSY, redelivered)
+    if not claim.update(state=State.RUNNING, started_at=now, attempts=F('attempts') + 1, worker=worker,
+                        heartbeat_at=now):
+        fresh = HeavyCall.objects.filter(pk=call.pk).values_list('state', flat=True).first()
+        return Start(BUSY if fresh == State.RUNNING else ENDED, redelivered)
+    call.state, call.started_at, call.attempts = State.RUNNING, now, call.attempts + 1
+    call.worker, call.heartbeat_at = worker, now
+    return Start(RUN, redelivered)
+
+
+def beat(call, worker):
+    """The running worker is alive; False when the call is no longer its own (cancelled or taken over)."""
+    now = timezone.now()
+    return bool(HeavyCall.objects.filter(pk=call.pk, state=State.RUNNING, worker=worker).update(heartbeat_at=now))
+
+
+def note_limiter(call, lease):
+    """Keep what the limiter met while the call ran (a lost lease, an error) for its log line."""
+    if lease.lease_lost or lease.error:
+        call.lease_lost, call.limiter_error = lease.lease_lost, (lease.error or '')[:300]
+        HeavyCall.objects.filter(pk=call.pk).update(lease_lost=call.lease_lost, limiter_error=call.limiter_error)
+
+
+def succeed(call, result, worker=None):
+    """Record that a running call succeeded with `result`: the result and the state in one transaction.
+
+    False (and nothing stored) when the call is no longer running on `worker` (cancelled meanwhile).
+    """
+    finished_at = timezone.now()
+    running = HeavyCall.objects.filter(pk=call.pk, state=State.RUNNING)
+    if worker is not None:
+        running = running.filter(worker=worker)
+    with transaction.atomic():
+        if not running.update(state=State.SUCCEEDED, finished_at=finished_at, error=''):
+            return False
+        app.backend.store_result(call.pk, result, states.SUCCESS)
+    call.state, call.finished_at, call.error = State.SUCCEEDED, finished_at, ''
+    ended(call)
+    return True
+
+
+def fail(call, error, worker=None):
+    """Record that a running call failed with `error` (a message) and give its usage back."""
+    finished_at = timezone.now()
+    error = str(error)[:ERROR_LENGTH]
+    running = HeavyCall.objects.filter(pk=call.pk, state=State.RUNNING)
+    if worker is not None:
+        running = running.filter(worker=worker)
+    if not running.update(state=State.FAILED, finished_at=finished_at, error=error, refunded_at=finished_at):
+        return False
+    call.state, call.finished_at, call.error, call.refunded_at = State.FAILED, finished_at, error, finished_at
+    ended(call)
+    return True
+
+
+def stored_result(call_id):
+    """The JSON text of a stored successful result, or None."""
+    from django_celery_results.models import TaskResult
+    return TaskResult.objects.filter(task_id=call_id, status=states.SUCCESS).values_list(
+        'result', flat=True).first()
+
+
+# --- ending a call that won't run, or won't run on --------------------------------------------------------
+
+def cancel(call):
+    """Cancel a queued or running call; return the state it was cancelled from, or None if it had ended.
+
+    A queued call is cancelled at once: a worker's `start` then finds it cancelled and never runs it, so its
+    leases are released here. A running call is stopped where it runs (Celery's revoke with terminate, and
+    its worker's heartbeat as the backstop); its leases are released by that worker once it has stopped.
+    """
+    now = timezone.now()
+    if HeavyCall.objects.filter(pk=call.pk, state=State.QUEUED).update(state=State.CANCELLED, finished_at=now):
+        was = State.QUEUED
+    elif HeavyCall.objects.filter(pk=call.pk, state=State.RUNNING).update(state=State.CANCELLED, finished_at=now):
+        was = State.RUNNING
+    else:
+        call.refresh_from_db()
+        return None
+    call.refresh_from_db()
+    if was == State.QUEUED:
+        lease = admission_of(call).lease()
+        lease.release()
+        log_line(call, lease)
+        notify.publish(call.pk, call.state)
+    try:
+        app.control.revoke(call.pk, terminate=(was == State.RUNNING), signal='SIGTERM')
+    except Exception:  # noqa: BLE001 - the row says cancelled; a worker checks it before and while running
+        logger.warning('Revoke of cancelled call %s not sent; its worker finds the row cancelled', call.pk)
+    return was
+
+
+def stopped(call_id):
+    """A cancelled call's work has stopped (its process was terminated): release its leases and log it."""
+    call = HeavyCall.objects.filter(pk=call_id).first()
+    if call is None or call.state != State.CANCELLED:
+        return False
+    lease = admission_of(call).lease()
+    lease.release()
+    log_line(call, lease)
+    notify.publish(call.pk, call.state)
+    return True
+
+
+def end_unstarted(call_id, state):
+    """End a call that won't run (`expired` past its deadline, `cancelled` when revoked before it ran):
+    mark it if it is still open, release its leases, log it. Idempotent."""
+    call = HeavyCall.objects.filter(pk=call_id).first()
+    if call is None:
+        return False
+    now = timezone.now()
+    if state == State.EXPIRED:
+        ended_now = HeavyCall.objects.filter(pk=call_id, state=State.QUEUED).update(state=state, finished_at=now)
+    else:
+        ended_now = HeavyCall.objects.filter(pk=call_id, state__in=OPEN_STATES).update(state=state, finished_at=now)
+    lease = admission_of(call).lease()
+    lease.release()
+    if ended_now:
+        call.refresh_from_db()
+        log_line(call, lease)
+        notify.publish(call.pk, call.state)
+    return bool(ended_now)
+
+
+def expire(call):
+    """A queued call past its deadline is expired, even before a worker sees its message."""
+    if call.state == State.QUEUED and timezone.now() >= call.expires_at:
+        end_unstarted(call.pk, State.EXPIRED)
+        call.refresh_from_db()
+    return call
+
+
+def ended(call):
+    """What follows any end: the log line and the completion notice."""
+    log_line(call)
+    notify.publish(call.pk, call.state)
+
+
+# --- the read side ------------------------------------------------------------------------------------------
+
+def admission_of(call):
+    return Admission.from_json(call.admission, token=call.pk)
+
+
+def result(call):
+    """The stored result of a succeeded call (the Celery result backend holds it, by task id)."""
+    text = stored_result(call.pk)
+    return json.loads(text) if text else None
+
+
+def error_of(call):
+    """What a client is told about a call that didn't succeed."""
+    return call.error or {State.CANCELLED: CANCELLED, State.EXPIRED: EXPIRED}.get(call.state, FAILED)
+
+
+def position(call):
+    """1-based place of a queued call among the queued calls of its queue (priority, then age)."""
+    if call.state != State.QUEUED:
+        return None
+    ahead = HeavyCall.objects.filter(queue=call.queue, state=State.QUEUED).filter(
+        Q(priority__lt=call.priority) | Q(priority=call.priority, created_at__lt=call.created_at)).count()
+    return ahead + 1
+
+
+def wait(call, seconds):
+    """Wait up to `seconds` for `call` to end; keeps `call`'s state and timings fresh; True when it ended."""
+    def finished():
+        call.refresh_from_db(fields=['state', 'started_at', 'finished_at', 'error'])
+        return call.state in FINAL_STATES
+    return notify.wait_for(call.pk, finished, seconds)
+
+
+def ms_between(start_at, end_at):
+    if start_at is None or end_at is None:
+        return None
+    return max(int((end_at - start_at).total_seconds() * 1000), 0)
+
+
+def log_line(call, lease=None):
+    """The call's one `ocl_capacity` line: what admission decided plus what happened in the queue."""
+    admission = admission_of(call)
+    record = log_record(admission)
+    if not record:
+        return  # the limiter was off for this call: no counting, no line
+    record.update({
+        'queue': call.queue,
+        'task_id': call.pk,
+        'state': call.state,
+        'wait_ms': ms_between(call.created_at, call.started_at or call.finished_at),
+        'run_ms': ms_between(call.started_at, call.finished_at),
+        'held_ms': ms_between(call.created_at, call.finished_at) if admission.holding else None,
+        'attempts': call.attempts or None,
+        'lease_lost': True if (lease is not None and lease.lease_lost) or call.lease_lost else None,
+        'error': (lease.error if lease is not None and lease.error else None) or call.limiter_error
+        or record.get('error') or (call.error[:300] if call.error else None),
+    })
+    try:
+        emit(record)
+    except Exception:  # noqa: BLE001 - a log line never fails a call
+        logger.exception('Heavy call %s: the log line failed', call.pk)

@@ -1,0 +1,76 @@
+"""The lane workers' Celery signal handlers, in the worker's main process (imported by workers only).
+
+Celery imports this module at worker start (the app's `include`); an API process never does, so none of
+these handlers runs, or is even registered, outside a worker.
+
+- `task_revoked`: a call that won't run or was stopped — ended and its leases freed (workers.lifecycle);
+- `celeryd_after_setup`, `worker_ready`, `worker_shutdown`: don't consume a paused queue at start, and
+  start and stop the node's pool reconciler (workers.pool).
+"""
+import logging
+
+from celery.signals import celeryd_after_setup, task_revoked, worker_ready, worker_shutdown
+
+from capacity.config import get_config
+from workers import lanes, lifecycle
+from workers.models import State
+from workers.pool import PoolReconciler
+
+logger = logging.getLogger('heavy_lanes')
+
+
+@task_revoked.connect
+def end_revoked(request=None, terminated=False, expired=False, **kwargs):
+    """`expired`: the worker received it after its queue deadline. `terminated`: a cancel stopped it while
+    running (the row already says cancelled); its leases go back now that it has stopped. Otherwise it
+    was revoked before it started."""
+    call_id = getattr(request, 'id', None)
+    if not call_id:
+        return
+    try:
+        if terminated:
+            lifecycle.stopped(call_id)
+        else:
+            lifecycle.end_unstarted(call_id, State.EXPIRED if expired else State.CANCELLED)
+    except Exception:  # noqa: BLE001 - never break the worker's main loop; the leases expire on their own
+        logger.exception('Could not end revoked heavy call %s', call_id)
+
+
+_reconciler = None
+_served = []  # the queues this node was started for (-Q), whether it consumes them now or not
+
+
+@celeryd_after_setup.connect
+def skip_paused_queues(sender=None, instance=None, **kwargs):
+    """Don't start consuming a queue whose pool size is 0: a call it took would run in a paused lane."""
+    queues = instance.app.amqp.queues
+    _served[:] = [name for name in (queues.consume_from or {}) if name in lanes.QUEUE_NAMES]
+    try:
+        config = get_config()
+    except Exception:  # noqa: BLE001 - the reconciler sizes the pool once it can read the config
+        return
+    for name in _served:
+        if lanes.get_queue(name).pool_size(config) == 0:
+            queues.deselect(name)
+            logger.info('Queue %s is paused: %s starts without consuming it', name, sender)
+
+
+@worker_ready.connect
+def start_reconciler(sender=None, **kwargs):
+    """Start sizing this node's pools once the worker consumes (prefork workers only)."""
+    global _reconciler
+    consumer = sender
+    queues = list(_served) or list(consumer.app.amqp.queues.consume_from or {})
+    if not any(queue in lanes.QUEUE_NAMES for queue in queues):
+        return
+    if type(consumer.pool).__module__ != 'celery.concurrency.prefork':
+        logger.warning('Pools are sized only on the prefork pool; %s is left as started', consumer.hostname)
+        return
+    _reconciler = PoolReconciler(consumer.app, consumer, consumer.hostname, queues)
+    _reconciler.start()
+
+
+@worker_shutdown.connect
+def stop_reconciler(**kwargs):
+    if _reconciler is not None:
+        _reconciler.stop()
