@@ -11,7 +11,7 @@ the workers. Routing is strict: a name that isn't in the table raises UnknownQue
 """
 from dataclasses import dataclass
 
-from capacity.constants import Lane
+from capacity.constants import MATCH, RERANK, Lane
 from capacity.decisions import bulk_limit, is_single_row, lane_limit
 
 
@@ -22,11 +22,12 @@ class WorkQueue:
     name: str
     draws_on: Lane
     carries: str
-    single_row: bool            # carries single-row $match calls (else bulk calls)
+    endpoints: tuple[str, ...]
+    single_row: bool              # carries single-row $match calls (else bulk calls)
     semantic: bool | None = None  # None: semantic or not
 
     def takes(self, endpoint, rows, semantic):
-        return (is_single_row(endpoint, rows) == self.single_row
+        return (endpoint in self.endpoints and is_single_row(endpoint, rows) == self.single_row
                 and (self.semantic is None or self.semantic == bool(semantic)))
 
     @property
@@ -47,12 +48,13 @@ LANE_CONFIG_PATHS = {Lane.API_HEAVY: 'api_heavy.cluster', Lane.ES2_KNN: 'es2_knn
 
 QUEUES = (
     WorkQueue('interactive', Lane.API_HEAVY,
-              'Single-row `$match` calls (semantic or reranked): a person waiting on one row.', single_row=True),
+              'Single-row `$match` calls (semantic or reranked): a person waiting on one row.',
+              endpoints=(MATCH,), single_row=True),
     WorkQueue('es2_knn', Lane.ES2_KNN,
               'Bulk semantic `$match` calls, which run k-nearest-neighbour search on the search backend.',
-              single_row=False, semantic=True),
+              endpoints=(MATCH,), single_row=False, semantic=True),
     WorkQueue('api_heavy', Lane.API_HEAVY, 'Bulk reranked lexical `$match` calls and every `$rerank` call.',
-              single_row=False, semantic=False),
+              endpoints=(MATCH, RERANK), single_row=False, semantic=False),
 )
 BY_NAME = {queue.name: queue for queue in QUEUES}
 QUEUE_NAMES = tuple(BY_NAME)

@@ -1,0 +1,150 @@
+"""The limiter's policy as tables (capacity.decisions): no database, no Redis.
+
+Lane selection and limits, the decision, Retry-After, the scope a refusal names, suggested concurrency and
+the waiting room, each row one case with the reason it is there.
+"""
+import copy
+
+import pytest
+
+from capacity.constants import DEFAULTS, Decision, Lane
+from capacity.decisions import (
+    Call, LaneLimit, bulk_limit, decide, is_enforced, is_single_row, lanes_for, refusal_body, retry_after, scope,
+    suggested_concurrency,
+)
+
+A, T, K, R, U = Lane.API_HEAVY, Lane.API_HEAVY_TASK, Lane.ES2_KNN, Lane.TIER, Lane.USER
+
+
+def config(**changes):
+    merged = copy.deepcopy(DEFAULTS)
+    for key, value in changes.items():
+        if isinstance(value, dict):
+            merged[key].update(value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def call(endpoint='$match', rows=10, tier='preview', **fields):
+    return Call(endpoint=endpoint, rows=rows, tier=tier, user_id=7, host='h1', **fields)
+
+
+@pytest.mark.parametrize('endpoint, rows, single', [
+    ('$match', 1, True),     # a person waiting on one row
+    ('$match', 2, False),    # bulk
+    ('$match', 0, False),    # no rows is not a single row
+    ('$rerank', 1, False),   # $rerank comes from bulk auto-match runs, never interactive
+])
+def test_single_row(endpoint, rows, single):
+    assert is_single_row(endpoint, rows) is single
+
+
+@pytest.mark.parametrize('the_call, expected', [
+    # a bulk semantic call by a preview user: the bulk share of api_heavy and es2_knn (4-1, 3-1)
+    (call(semantic=True), [(A, (), 3), (K, (), 2), (R, ('preview',), 2), (U, (7,), 1)]),
+    # a single-row call may use the reserve in every reserved lane it takes
+    (call(rows=1, semantic=True), [(A, (), 4), (K, (), 3), (R, ('preview',), 2), (U, (7,), 1)]),
+    # reranked lexical: no es2_knn lane
+    (call(reranker=True), [(A, (), 3), (R, ('preview',), 2), (U, (7,), 1)]),
+    # a call that waits in the request also takes this host's lane, with the reserve there too
+    (call(waits=True, tier='core'), [(A, (), 3), (T, ('h1',), 1), (R, ('core',), 4), (U, (7,), 3)]),
+    # a long poll only waits: this host's lane, its whole limit
+    (call(endpoint='', rows=0, wait_slot=True), [(T, ('h1',), 2)]),
+])
+def test_lanes_and_limits(the_call, expected):
+    assert [(item.lane, item.parts, item.limit) for item in lanes_for(config(), the_call)] == expected
+
+
+@pytest.mark.parametrize('limit, reserve, bulk', [
+    (4, 1, 3),
+    (1, 1, 0),   # the whole lane is the reserve: bulk calls get none
+    (0, 1, 0),   # never below 0
+])
+def test_bulk_limit(limit, reserve, bulk):
+    assert bulk_limit(limit, config(reserve_single_row=reserve)) == bulk
+
+
+@pytest.mark.parametrize('room, queue, draws_on, enforced, es2_knn_limit', [
+    (2, 'es2_knn', K, True, 4),     # enforce: two may wait beyond the bulk limit of 2
+    (2, 'es2_knn', K, False, 2),    # shadow counts against the plain limit
+    (0, 'es2_knn', K, True, 2),     # no waiting room configured
+    (2, 'es2_knn', None, True, 2),  # a call with no queue lane has no waiting room
+])
+def test_the_waiting_room(room, queue, draws_on, enforced, es2_knn_limit):
+    conf = config(queue={'max_waiting': {'interactive': 0, 'es2_knn': room, 'api_heavy': 0}})
+    lanes = lanes_for(conf, call(semantic=True, queue=queue, draws_on=draws_on), enforced=enforced)
+    assert {item.lane: item.limit for item in lanes}[K] == es2_knn_limit
+
+
+def test_a_paused_lane_gets_no_waiting_room():
+    conf = config(es2_knn=1, queue={'max_waiting': {'interactive': 0, 'es2_knn': 5, 'api_heavy': 0}})
+    lanes = lanes_for(conf, call(semantic=True, queue='es2_knn', draws_on=K), enforced=True)
+    assert {item.lane: item.limit for item in lanes}[K] == 0
+
+
+LANES = [LaneLimit(A, (), 3), LaneLimit(R, ('core',), 4), LaneLimit(U, (7,), 2)]
+
+
+@pytest.mark.parametrize('before, taken, decision, full', [
+    ((0, 0, 0), True, Decision.ADMITTED, ()),
+    ((3, 1, 1), True, Decision.SHADOW_REFUSED, (A,)),   # forced (shadow): counted although full
+    ((3, 1, 2), False, Decision.REFUSED, (A, U)),       # enforced: nothing taken
+    ((2, 3, 1), True, Decision.ADMITTED, ()),           # one under every limit
+])
+def test_decide(before, taken, decision, full):
+    assert decide(LANES, before, taken) == (decision, full)
+
+
+@pytest.mark.parametrize('before, full, changes, seconds', [
+    ((3, 0, 0), (A,), {}, 5),                          # one call ahead: base
+    ((5, 0, 0), (A,), {}, 15),                         # three ahead
+    ((3, 0, 4), (A, U), {}, 15),                       # the fullest lane decides
+    ((20, 0, 0), (A,), {}, 30),                        # capped by max
+    ((20, 0, 0), (A,), {'retry_after': {'max': 12}}, 12),
+])
+def test_retry_after_per_call_ahead(before, full, changes, seconds):
+    assert retry_after(config(**changes), LANES, before, full) == seconds
+
+
+def test_retry_after_of_a_paused_lane_is_the_paused_value():
+    lanes = [LaneLimit(A, (), 3), LaneLimit(R, ('preview',), 0)]
+    assert retry_after(config(), lanes, (3, 0), (A, R)) == 120
+
+
+@pytest.mark.parametrize('limits, full, expected', [
+    ({A: 3, R: 0}, (A, R), R),   # a paused lane first: it decides the long wait
+    ({A: 3, U: 1}, (A, U), A),   # else the first full one
+    ({A: 3}, (), None),
+])
+def test_scope(limits, full, expected):
+    assert scope(limits, full) == expected
+
+
+@pytest.mark.parametrize('limits, counts, expected', [
+    ({}, {}, None),                                    # no lanes
+    ({A: 3, K: 2, R: 4, U: 3}, {}, 3),                 # nothing counted: the per-user limit
+    ({A: 3, K: 0, R: 4, U: 3}, {A: 1}, 0),             # a paused lane
+    ({A: 3, K: 2, R: 4, U: 3}, {A: 1, K: 1, R: 1, U: 1}, 2),  # own call + one slot left in es2_knn
+    ({A: 3, R: 2, U: 1}, {A: 3, R: 2, U: 1}, 1),       # at the cap: never below 1
+    ({A: 3, T: 1, R: 4, U: 3}, {A: 1, T: 1, R: 1, U: 1}, 3),  # the host's lane is left out
+])
+def test_suggested_concurrency(limits, counts, expected):
+    assert suggested_concurrency(limits, counts) == expected
+
+
+@pytest.mark.parametrize('mode, enforce_for, aware, enforced', [
+    ('shadow', 'all', True, False),
+    ('off', 'all', True, False),
+    ('enforce', 'all', False, True),
+    ('enforce', 'aware', False, False),
+    ('enforce', 'aware', True, True),
+])
+def test_is_enforced(mode, enforce_for, aware, enforced):
+    assert is_enforced(config(mode=mode, enforce_for=enforce_for), aware) is enforced
+
+
+def test_the_refusal_body():
+    assert refusal_body(120, R, True) == {
+        'detail': 'Matching is busy. Please retry in 120 seconds.', 'error_code': 'capacity_exceeded',
+        'scope': 'tier', 'paused': True, 'retry_after': 120}
