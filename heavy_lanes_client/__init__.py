@@ -8,8 +8,9 @@
     for outcome in report.outcomes:
         print(outcome.name, outcome.status, outcome.top or outcome.reason)
 
-Modules: client (one HTTP conversation), run (batches, retries, concurrency, outcomes), errors (the error
-tree), models (the values), retry, concurrency, progress, summary, rows, load (the load generator), cli.
+Modules: client (one HTTP conversation), run (a bulk run: calls in flight, polling, cancel), jobs (batches
+and each row's outcome), errors (the error tree), models (the values), retry, concurrency, progress,
+summary, rows, load (the load generator), cli.
 Needs only the standard library and `requests`.
 """
 from heavy_lanes_client.client import Client, error_for
@@ -29,6 +30,7 @@ from heavy_lanes_client.errors import (
     TaskNotFound,
     TransportError,
 )
+from heavy_lanes_client.jobs import MatchJob, RerankJob
 from heavy_lanes_client.models import (
     Capacity,
     Handle,
@@ -41,7 +43,7 @@ from heavy_lanes_client.models import (
     Task,
 )
 from heavy_lanes_client.retry import RetryPolicy
-from heavy_lanes_client.run import MatchJob, PollPolicy, RerankJob, Run
+from heavy_lanes_client.run import PollPolicy, Run
 from heavy_lanes_client.summary import format_summary
 
 __all__ = [

@@ -34,11 +34,11 @@ from dataclasses import dataclass
 
 from heavy_lanes_client import errors
 from heavy_lanes_client.concurrency import AdaptiveLimit
-from heavy_lanes_client.models import MATCH, RERANK, RowOutcome, RowStatus, RunReport, State, Summary
+from heavy_lanes_client.jobs import MatchJob, RerankJob, failed_rows, is_fatal
+from heavy_lanes_client.models import RowStatus, RunReport, State, Summary
 from heavy_lanes_client.progress import Snapshot
 from heavy_lanes_client.retry import RetryPolicy, Stopped, call_with_retries
 
-MAX_BATCH = 1000  # rows per call the API accepts
 MAX_RUN_ID = 200  # the key `hl-<run_id>-<batch>` must stay within the API's 255 characters
 INTERRUPTED = 'run interrupted'
 
@@ -48,135 +48,6 @@ class PollPolicy:
     long_poll_seconds: int = 20          # ?wait=N per poll (the server caps it)
     task_timeout_seconds: float = 1800.0  # then the task is cancelled and its rows fail
     max_poll_errors: int = 8             # transient poll failures in a row before giving up on a task
-
-
-@dataclass(frozen=True)
-class Batch:
-    """One call of a run: its number, the input index of its first item, and its items."""
-
-    index: int
-    start: int
-    items: tuple
-
-
-def _row_name(row):
-    return row if isinstance(row, str) else str(row.get('name', ''))
-
-
-def _failed(batch, names, reason, key, task_id=None):
-    return [RowOutcome(index=batch.start + i, name=name, status=RowStatus.FAILED, reason=reason,
-                       task_id=task_id, idempotency_key=key, batch=batch.index)
-            for i, name in enumerate(names)]
-
-
-def _task_failure(task):
-    """Why a task that did not succeed failed its rows: its final state and the server's error."""
-    return f'task {task.state}' + (f': {task.error}' if task.error else '')
-
-
-class MatchJob:
-    """`$match` for many rows, `batch_size` rows per call."""
-
-    endpoint = MATCH
-    # 400s about these fields concern every batch: stop the run.
-    shared_fields = frozenset({'target_repo_url', 'limit', 'non_field_errors'})
-
-    def __init__(self, rows, source, *, semantic=True, reranker=False, limit=5, batch_size=25):
-        if not 1 <= batch_size <= MAX_BATCH:
-            raise ValueError(f'batch_size must be 1..{MAX_BATCH}')
-        self.rows = [{'name': row} if isinstance(row, str) else dict(row) for row in rows]
-        if not self.rows:
-            raise ValueError('no rows to match')
-        self.source = source
-        self.semantic = semantic
-        self.reranker = reranker
-        self.limit = limit
-        self.batch_size = batch_size
-        flags = [flag for flag, on in (('semantic', semantic), ('reranker', reranker)) if on] or ['lexical']
-        self.label = f'$match ({"+".join(flags)})'
-
-    def batches(self):
-        size = self.batch_size
-        return [Batch(number, start, tuple(self.rows[start:start + size]))
-                for number, start in enumerate(range(0, len(self.rows), size))]
-
-    def names(self, batch):
-        return [_row_name(row) for row in batch.items]
-
-    def submit(self, client, batch, key, metadata):
-        return client.submit_match(list(batch.items), self.source, semantic=self.semantic,
-                                   reranker=self.reranker, limit=self.limit, idempotency_key=key,
-                                   metadata=metadata)
-
-    def outcomes(self, batch, task, key):
-        names = self.names(batch)
-        if task.state != State.SUCCEEDED:
-            return _failed(batch, names, _task_failure(task), key, task.id)
-        results = task.result.get('results') if isinstance(task.result, dict) else None
-        if not isinstance(results, list):
-            return _failed(batch, names, 'task succeeded but its result has no "results" list', key, task.id)
-        out = []
-        for i, name in enumerate(names):
-            entry = results[i] if i < len(results) else None
-            candidates = entry.get('candidates') if isinstance(entry, dict) else None
-            common = {'index': batch.start + i, 'name': name, 'task_id': task.id, 'idempotency_key': key,
-                      'batch': batch.index}
-            if not isinstance(candidates, list):
-                out.append(RowOutcome(status=RowStatus.FAILED,
-                                      reason='the task result has no entry for this row', **common))
-            elif candidates:
-                out.append(RowOutcome(status=RowStatus.MATCHED, top=candidates[0],
-                                      candidates=tuple(candidates), **common))
-            else:
-                out.append(RowOutcome(status=RowStatus.NO_MATCH, **common))
-        return out
-
-
-class RerankJob:
-    """`$rerank`: one call per query, each scoring the same candidate rows."""
-
-    endpoint = RERANK
-    shared_fields = frozenset({'rows', 'non_field_errors'})
-
-    def __init__(self, queries, candidates):
-        self.queries = [str(query) for query in queries]
-        self.candidates = [{'name': row} if isinstance(row, str) else dict(row) for row in candidates]
-        if not self.queries:
-            raise ValueError('no queries to rerank for')
-        if not 1 <= len(self.candidates) <= MAX_BATCH:
-            raise ValueError(f'give 1..{MAX_BATCH} candidate rows')
-        self.label = '$rerank'
-
-    def batches(self):
-        return [Batch(number, number, (query,)) for number, query in enumerate(self.queries)]
-
-    def names(self, batch):
-        return list(batch.items)
-
-    def submit(self, client, batch, key, metadata):
-        return client.submit_rerank(batch.items[0], self.candidates, idempotency_key=key, metadata=metadata)
-
-    def outcomes(self, batch, task, key):
-        names = self.names(batch)
-        if task.state != State.SUCCEEDED:
-            return _failed(batch, names, _task_failure(task), key, task.id)
-        rows = task.result.get('rows') if isinstance(task.result, dict) else None
-        if not isinstance(rows, list):
-            return _failed(batch, names, 'task succeeded but its result has no "rows" list', key, task.id)
-        common = {'index': batch.start, 'name': names[0], 'task_id': task.id, 'idempotency_key': key,
-                  'batch': batch.index}
-        if not rows:
-            return [RowOutcome(status=RowStatus.NO_MATCH, **common)]
-        return [RowOutcome(status=RowStatus.MATCHED, top=rows[0], candidates=tuple(rows), **common)]
-
-
-def is_fatal(job, error):
-    """Whether a rejection concerns every batch of the run (so sending the others is pointless)."""
-    if isinstance(error, errors.IdempotencyConflict):
-        return False
-    if isinstance(error, errors.InvalidRequest) and error.fields:
-        return bool(set(error.fields) & job.shared_fields)
-    return True
 
 
 class Run:
@@ -348,7 +219,7 @@ class Run:
         except Stopped as ex:
             reason = (f'{INTERRUPTED} while resending a call the server may have taken '
                       f'(Idempotency-Key {key})' if ex.uncertain else f'not submitted: {INTERRUPTED}')
-            self._record(batch, _failed(batch, names, reason, key))
+            self._record(batch, failed_rows(batch, names, reason, key))
         except errors.ClientError as ex:
             if self._owned_by_cancel(batch):
                 return
@@ -357,12 +228,12 @@ class Run:
                     self._fatal = self._fatal or ex
             task_id = handle.id if handle is not None else None
             reason = ex.reason if task_id is None else f'{ex.reason} (task {task_id})'
-            self._record(batch, _failed(batch, names, reason, key, task_id))
+            self._record(batch, failed_rows(batch, names, reason, key, task_id))
         except Exception as ex:  # noqa: BLE001 - a client bug still accounts for the rows
             if self._owned_by_cancel(batch):
                 return
-            self._record(batch, _failed(batch, names, f'client error: {type(ex).__name__}: {ex}', key,
-                                        handle.id if handle is not None else None))
+            self._record(batch, failed_rows(batch, names, f'client error: {type(ex).__name__}: {ex}', key,
+                                            handle.id if handle is not None else None))
         finally:
             with self._lock:
                 if batch.index not in self._cancel_owned:
@@ -452,15 +323,15 @@ class Run:
             task = self.client.cancel(handle)
         except errors.ClientError as ex:
             reason = f'{why}; cancel failed ({ex.reason}); task {handle.id} may still run'
-            self._record(batch, _failed(batch, names, reason, key, handle.id))
+            self._record(batch, failed_rows(batch, names, reason, key, handle.id))
             return
         if task.state == State.CANCELLED:
-            self._record(batch, _failed(batch, names, f'cancelled: {why}', key, handle.id), task.state)
+            self._record(batch, failed_rows(batch, names, f'cancelled: {why}', key, handle.id), task.state)
         elif task.finished:  # it ended before the cancel arrived: report what it did
             self._record(batch, self.job.outcomes(batch, task, key), task.state)
         else:
             reason = f'{why}; task {handle.id} still {task.state} after cancel'
-            self._record(batch, _failed(batch, names, reason, key, handle.id))
+            self._record(batch, failed_rows(batch, names, reason, key, handle.id))
 
     def _record(self, batch, outcomes, state=None):
         """Keep the first outcome recorded for a batch; later ones (a race with cancel) are dropped."""
@@ -503,8 +374,8 @@ class Run:
         for batch in self._batches:
             got = recorded.get(batch.index)
             if got is None:
-                got = _failed(batch, self.job.names(batch), self._unrecorded_reason(batch),
-                              self.key_for(batch))
+                got = failed_rows(batch, self.job.names(batch), self._unrecorded_reason(batch),
+                                  self.key_for(batch))
             outcomes.extend(got)
         statuses = Counter(outcome.status for outcome in outcomes)
         counted = ('submissions', 'admitted', 'shadow_refused', 'refused_capacity', 'rate_limited',
