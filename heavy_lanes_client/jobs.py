@@ -26,23 +26,65 @@ def _row_name(row):
     return row if isinstance(row, str) else str(row.get('name', ''))
 
 
-def failed_rows(batch, names, reason, key, task_id=None):
-    return [RowOutcome(index=batch.start + i, name=name, status=RowStatus.FAILED, reason=reason,
-                       task_id=task_id, idempotency_key=key, batch=batch.index)
-            for i, name in enumerate(names)]
-
-
 def _task_failure(task):
     """Why a task that did not succeed failed its rows: its final state and the server's error."""
     return f'task {task.state}' + (f': {task.error}' if task.error else '')
 
 
-class MatchJob:
+def _row_outcome(batch, offset, name, task, key, candidates):
+    """The row at `offset` in `batch`, which the task ran: matched (best candidate first), no match (an
+    empty list), or failed when the result has no list for it."""
+    common = {'index': batch.start + offset, 'name': name, 'task_id': task.id, 'idempotency_key': key,
+              'batch': batch.index}
+    if not isinstance(candidates, list):
+        return RowOutcome(status=RowStatus.FAILED, reason='the task result has no entry for this row',
+                          **common)
+    if candidates:
+        return RowOutcome(status=RowStatus.MATCHED, top=candidates[0], candidates=tuple(candidates), **common)
+    return RowOutcome(status=RowStatus.NO_MATCH, **common)
+
+
+class Job:
+    """What MatchJob and RerankJob share. A job also has `label`, `batches()`, `names(batch)`,
+    `submit(client, batch, key, metadata)` and `_ran(batch, found, task, key)`, which reads the list
+    named `result_key` out of a succeeded task's result."""
+
+    endpoint = None
+    result_key = None
+    # 400s about these fields concern every batch: stop the run.
+    shared_fields = frozenset({'non_field_errors'})
+
+    def failed(self, batch, reason, key, task_id=None):
+        """Every row of `batch` failed for `reason`."""
+        return [RowOutcome(index=batch.start + i, name=name, status=RowStatus.FAILED, reason=reason,
+                           task_id=task_id, idempotency_key=key, batch=batch.index)
+                for i, name in enumerate(self.names(batch))]
+
+    def outcomes(self, batch, task, key):
+        """One RowOutcome per row of `batch`, from its call's final task."""
+        if task.state != State.SUCCEEDED:
+            return self.failed(batch, _task_failure(task), key, task.id)
+        found = task.result.get(self.result_key) if isinstance(task.result, dict) else None
+        if not isinstance(found, list):
+            reason = f'task succeeded but its result has no "{self.result_key}" list'
+            return self.failed(batch, reason, key, task.id)
+        return self._ran(batch, found, task, key)
+
+    def is_fatal(self, error):
+        """Whether a rejection concerns every batch of the run (so sending the others is pointless)."""
+        if isinstance(error, errors.IdempotencyConflict):
+            return False
+        if isinstance(error, errors.InvalidRequest) and error.fields:
+            return bool(set(error.fields) & self.shared_fields)
+        return True
+
+
+class MatchJob(Job):
     """`$match` for many rows, `batch_size` rows per call."""
 
     endpoint = MATCH
-    # 400s about these fields concern every batch: stop the run.
-    shared_fields = frozenset({'target_repo_url', 'limit', 'non_field_errors'})
+    result_key = 'results'
+    shared_fields = Job.shared_fields | {'target_repo_url', 'limit'}
 
     def __init__(self, rows, source, *, semantic=True, reranker=False, limit=5, batch_size=25):
         if not 1 <= batch_size <= MAX_BATCH:
@@ -71,36 +113,22 @@ class MatchJob:
                                    reranker=self.reranker, limit=self.limit, idempotency_key=key,
                                    metadata=metadata)
 
-    def outcomes(self, batch, task, key):
-        names = self.names(batch)
-        if task.state != State.SUCCEEDED:
-            return failed_rows(batch, names, _task_failure(task), key, task.id)
-        results = task.result.get('results') if isinstance(task.result, dict) else None
-        if not isinstance(results, list):
-            return failed_rows(batch, names, 'task succeeded but its result has no "results" list', key,
-                               task.id)
+    def _ran(self, batch, results, task, key):
+        """The server returns one result per input row, in order; a row is matched by position."""
         out = []
-        for i, name in enumerate(names):
+        for i, name in enumerate(self.names(batch)):
             entry = results[i] if i < len(results) else None
             candidates = entry.get('candidates') if isinstance(entry, dict) else None
-            common = {'index': batch.start + i, 'name': name, 'task_id': task.id, 'idempotency_key': key,
-                      'batch': batch.index}
-            if not isinstance(candidates, list):
-                out.append(RowOutcome(status=RowStatus.FAILED,
-                                      reason='the task result has no entry for this row', **common))
-            elif candidates:
-                out.append(RowOutcome(status=RowStatus.MATCHED, top=candidates[0],
-                                      candidates=tuple(candidates), **common))
-            else:
-                out.append(RowOutcome(status=RowStatus.NO_MATCH, **common))
+            out.append(_row_outcome(batch, i, name, task, key, candidates))
         return out
 
 
-class RerankJob:
+class RerankJob(Job):
     """`$rerank`: one call per query, each scoring the same candidate rows."""
 
     endpoint = RERANK
-    shared_fields = frozenset({'rows', 'non_field_errors'})
+    result_key = 'rows'
+    shared_fields = Job.shared_fields | {'rows'}
 
     def __init__(self, queries, candidates):
         self.queries = [str(query) for query in queries]
@@ -120,24 +148,5 @@ class RerankJob:
     def submit(self, client, batch, key, metadata):
         return client.submit_rerank(batch.items[0], self.candidates, idempotency_key=key, metadata=metadata)
 
-    def outcomes(self, batch, task, key):
-        names = self.names(batch)
-        if task.state != State.SUCCEEDED:
-            return failed_rows(batch, names, _task_failure(task), key, task.id)
-        rows = task.result.get('rows') if isinstance(task.result, dict) else None
-        if not isinstance(rows, list):
-            return failed_rows(batch, names, 'task succeeded but its result has no "rows" list', key, task.id)
-        common = {'index': batch.start, 'name': names[0], 'task_id': task.id, 'idempotency_key': key,
-                  'batch': batch.index}
-        if not rows:
-            return [RowOutcome(status=RowStatus.NO_MATCH, **common)]
-        return [RowOutcome(status=RowStatus.MATCHED, top=rows[0], candidates=tuple(rows), **common)]
-
-
-def is_fatal(job, error):
-    """Whether a rejection concerns every batch of the run (so sending the others is pointless)."""
-    if isinstance(error, errors.IdempotencyConflict):
-        return False
-    if isinstance(error, errors.InvalidRequest) and error.fields:
-        return bool(set(error.fields) & job.shared_fields)
-    return True
+    def _ran(self, batch, rows, task, key):
+        return [_row_outcome(batch, 0, batch.items[0], task, key, rows)]

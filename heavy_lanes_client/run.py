@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from heavy_lanes_client import errors
 from heavy_lanes_client.concurrency import AdaptiveLimit
-from heavy_lanes_client.jobs import MatchJob, RerankJob, failed_rows, is_fatal
+from heavy_lanes_client.jobs import MatchJob, RerankJob
 from heavy_lanes_client.models import RowStatus, RunReport, State, Summary
 from heavy_lanes_client.progress import Snapshot
 from heavy_lanes_client.retry import RetryPolicy, Stopped, call_with_retries
@@ -187,7 +187,6 @@ class Run:
 
     def _process(self, batch):
         key = self.key_for(batch)
-        names = self.job.names(batch)
         handle = None
         try:
             handle = self._submit(batch, key)
@@ -219,21 +218,21 @@ class Run:
         except Stopped as ex:
             reason = (f'{INTERRUPTED} while resending a call the server may have taken '
                       f'(Idempotency-Key {key})' if ex.uncertain else f'not submitted: {INTERRUPTED}')
-            self._record(batch, failed_rows(batch, names, reason, key))
+            self._record(batch, self.job.failed(batch, reason, key))
         except errors.ClientError as ex:
             if self._owned_by_cancel(batch):
                 return
-            if isinstance(ex, errors.RequestRejected) and handle is None and is_fatal(self.job, ex):
+            if isinstance(ex, errors.RequestRejected) and handle is None and self.job.is_fatal(ex):
                 with self._lock:
                     self._fatal = self._fatal or ex
             task_id = handle.id if handle is not None else None
             reason = ex.reason if task_id is None else f'{ex.reason} (task {task_id})'
-            self._record(batch, failed_rows(batch, names, reason, key, task_id))
+            self._record(batch, self.job.failed(batch, reason, key, task_id))
         except Exception as ex:  # noqa: BLE001 - a client bug still accounts for the rows
             if self._owned_by_cancel(batch):
                 return
-            self._record(batch, failed_rows(batch, names, f'client error: {type(ex).__name__}: {ex}', key,
-                                            handle.id if handle is not None else None))
+            self._record(batch, self.job.failed(batch, f'client error: {type(ex).__name__}: {ex}', key,
+                                                handle.id if handle is not None else None))
         finally:
             with self._lock:
                 if batch.index not in self._cancel_owned:
@@ -318,20 +317,19 @@ class Run:
 
     def _cancel_and_record(self, batch, handle, why):
         key = handle.idempotency_key
-        names = self.job.names(batch)
         try:
             task = self.client.cancel(handle)
         except errors.ClientError as ex:
             reason = f'{why}; cancel failed ({ex.reason}); task {handle.id} may still run'
-            self._record(batch, failed_rows(batch, names, reason, key, handle.id))
+            self._record(batch, self.job.failed(batch, reason, key, handle.id))
             return
         if task.state == State.CANCELLED:
-            self._record(batch, failed_rows(batch, names, f'cancelled: {why}', key, handle.id), task.state)
+            self._record(batch, self.job.failed(batch, f'cancelled: {why}', key, handle.id), task.state)
         elif task.finished:  # it ended before the cancel arrived: report what it did
             self._record(batch, self.job.outcomes(batch, task, key), task.state)
         else:
             reason = f'{why}; task {handle.id} still {task.state} after cancel'
-            self._record(batch, failed_rows(batch, names, reason, key, handle.id))
+            self._record(batch, self.job.failed(batch, reason, key, handle.id))
 
     def _record(self, batch, outcomes, state=None):
         """Keep the first outcome recorded for a batch; later ones (a race with cancel) are dropped."""
@@ -374,8 +372,7 @@ class Run:
         for batch in self._batches:
             got = recorded.get(batch.index)
             if got is None:
-                got = failed_rows(batch, self.job.names(batch), self._unrecorded_reason(batch),
-                                  self.key_for(batch))
+                got = self.job.failed(batch, self._unrecorded_reason(batch), self.key_for(batch))
             outcomes.extend(got)
         statuses = Counter(outcome.status for outcome in outcomes)
         counted = ('submissions', 'admitted', 'shadow_refused', 'refused_capacity', 'rate_limited',
