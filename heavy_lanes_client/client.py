@@ -31,6 +31,7 @@ from heavy_lanes_client.models import (
     Task,
     retry_after_seconds,
 )
+from heavy_lanes_client.rows import as_rows
 
 USER_AGENT = 'heavy-lanes-client/0.1'
 REQUEST_SOURCE = 'heavy-lanes-client'
@@ -102,14 +103,6 @@ def error_for(response, not_found=errors.RequestRejected):
     if 400 <= status < 500:
         return errors.RequestRejected(f'rejected ({message})', **fields)
     return errors.ProtocolError(f'unexpected answer ({message})', **fields)
-
-
-def _rows(rows):
-    """Rows as the API takes them: a string becomes {"name": string}; a dict is sent as it is."""
-    out = []
-    for row in rows:
-        out.append({'name': row} if isinstance(row, str) else dict(row))
-    return out
 
 
 class Client:
@@ -199,12 +192,12 @@ class Client:
             params['semantic'] = 'true'
         if reranker:
             params['reranker'] = 'true'
-        body = {'rows': _rows(rows), 'target_repo_url': source, 'limit': limit}
+        body = {'rows': as_rows(rows), 'target_repo_url': source, 'limit': limit}
         return self.submit(MATCH, body, params=params, idempotency_key=idempotency_key, metadata=metadata)
 
     def submit_rerank(self, q, rows, *, idempotency_key=None, metadata=None):
         """POST /concepts/$rerank/: score candidate `rows` (strings or dicts with "name") against `q`."""
-        return self.submit(RERANK, {'q': q, 'rows': _rows(rows)}, idempotency_key=idempotency_key,
+        return self.submit(RERANK, {'q': q, 'rows': as_rows(rows)}, idempotency_key=idempotency_key,
                            metadata=metadata)
 
     def _handle(self, endpoint, response, key):

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from heavy_lanes_client import errors
 from heavy_lanes_client.models import MATCH, RERANK, RowOutcome, RowStatus, State
+from heavy_lanes_client.rows import as_rows
 
 MAX_BATCH = 1000  # rows per call the API accepts
 
@@ -89,7 +90,7 @@ class MatchJob(Job):
     def __init__(self, rows, source, *, semantic=True, reranker=False, limit=5, batch_size=25):
         if not 1 <= batch_size <= MAX_BATCH:
             raise ValueError(f'batch_size must be 1..{MAX_BATCH}')
-        self.rows = [{'name': row} if isinstance(row, str) else dict(row) for row in rows]
+        self.rows = as_rows(rows)
         if not self.rows:
             raise ValueError('no rows to match')
         self.source = source
@@ -132,7 +133,7 @@ class RerankJob(Job):
 
     def __init__(self, queries, candidates):
         self.queries = [str(query) for query in queries]
-        self.candidates = [{'name': row} if isinstance(row, str) else dict(row) for row in candidates]
+        self.candidates = as_rows(candidates)
         if not self.queries:
             raise ValueError('no queries to rerank for')
         if not 1 <= len(self.candidates) <= MAX_BATCH:
