@@ -29,15 +29,15 @@ import random
 import threading
 import time
 import uuid
-from collections import Counter
 from dataclasses import dataclass
 
 from heavy_lanes_client import errors
 from heavy_lanes_client.concurrency import AdaptiveLimit
 from heavy_lanes_client.jobs import MatchJob, RerankJob
-from heavy_lanes_client.models import RowStatus, RunReport, State, Summary
+from heavy_lanes_client.models import RowStatus, State
 from heavy_lanes_client.progress import Snapshot
 from heavy_lanes_client.retry import RetryPolicy, Stopped, call_with_retries
+from heavy_lanes_client.tally import Tally, answer_kind
 
 MAX_RUN_ID = 200  # the key `hl-<run_id>-<batch>` must stay within the API's 255 characters
 INTERRUPTED = 'run interrupted'
@@ -76,15 +76,11 @@ class Run:
         self._stop = threading.Event()
         self._cancelled = threading.Event()  # set when cancel() has dealt with every task it took
         self._lock = threading.Lock()
-        self._outcomes = {}          # batch index -> [RowOutcome]
+        self._tally = Tally(clock)
         self._open = {}              # batch index -> Handle whose task has not ended
         self._cancel_owned = set()   # batches whose tasks cancel() took over
         self._dispatched = set()
-        self._waiting = set()        # batches waiting out a 429
         self._not_before = 0.0       # no send before this clock time (a 429 said so)
-        self._counts = Counter()
-        self._rows = Counter()
-        self._capacity_wait = 0.0
         self._fatal = None
         self._threads = []
         self._interrupted = False
@@ -190,8 +186,9 @@ class Run:
         handle = None
         try:
             handle = self._submit(batch, key)
-            if handle.immediate is not None:
-                self._record(batch, self.job.outcomes(batch, handle.immediate, key), handle.immediate.state)
+            task = handle.immediate
+            if task is not None:
+                self._tally.record(batch, self.job.outcomes(batch, task, key), task.state)
                 return
             with self._lock:
                 stopping = self._stop.is_set()
@@ -214,11 +211,11 @@ class Run:
                     f'({task.state})')
                 self._cancel_and_record(batch, handle, why)
                 return
-            self._record(batch, self.job.outcomes(batch, task, key), task.state)
+            self._tally.record(batch, self.job.outcomes(batch, task, key), task.state)
         except Stopped as ex:
             reason = (f'{INTERRUPTED} while resending a call the server may have taken '
                       f'(Idempotency-Key {key})' if ex.uncertain else f'not submitted: {INTERRUPTED}')
-            self._record(batch, self.job.failed(batch, reason, key))
+            self._tally.record(batch, self.job.failed(batch, reason, key))
         except errors.ClientError as ex:
             if self._owned_by_cancel(batch):
                 return
@@ -227,12 +224,13 @@ class Run:
                     self._fatal = self._fatal or ex
             task_id = handle.id if handle is not None else None
             reason = ex.reason if task_id is None else f'{ex.reason} (task {task_id})'
-            self._record(batch, self.job.failed(batch, reason, key, task_id))
+            self._tally.record(batch, self.job.failed(batch, reason, key, task_id))
         except Exception as ex:  # noqa: BLE001 - a client bug still accounts for the rows
             if self._owned_by_cancel(batch):
                 return
-            self._record(batch, self.job.failed(batch, f'client error: {type(ex).__name__}: {ex}', key,
-                                                handle.id if handle is not None else None))
+            reason = f'client error: {type(ex).__name__}: {ex}'
+            task_id = handle.id if handle is not None else None
+            self._tally.record(batch, self.job.failed(batch, reason, key, task_id))
         finally:
             with self._lock:
                 if batch.index not in self._cancel_owned:
@@ -260,14 +258,10 @@ class Run:
             return pause
 
         def send(attempt):
-            with self._lock:
-                self._counts['submissions'] += 1
+            self._tally.count('submissions')
             handle = self.job.submit(self.client, batch, key, metadata)
             capacity = handle.capacity
-            with self._lock:
-                self._counts['admitted'] += 1
-                if capacity.decision == 'shadow-refused':
-                    self._counts['shadow_refused'] += 1
+            self._tally.admitted(capacity)
             if capacity.suggested is not None:
                 self._limit.set(capacity.suggested)
             elif not capacity.counted and attempt == 1:
@@ -275,16 +269,12 @@ class Run:
             return handle
 
         def on_error(error, delay):
-            kind = ('refused_capacity' if isinstance(error, errors.CapacityRefused) else
-                    'rate_limited' if isinstance(error, errors.RateLimited) else
-                    'connection_errors' if isinstance(error, errors.TransportError) else
-                    'server_errors' if isinstance(error, errors.ServerError) else 'rejected')
+            self._tally.count(answer_kind(error))
             if isinstance(error, errors.TransportError) or (isinstance(error, errors.ServerError)
                                                              and error.status != 503):
                 uncertain[0] = True
-            with self._lock:
-                self._counts[kind] += 1
-                if delay is not None and isinstance(error, errors.Refused):
+            if delay is not None and isinstance(error, errors.Refused):
+                with self._lock:
                     own_until[0] = self.clock() + delay
                     self._not_before = max(self._not_before, own_until[0])
             if error.capacity is not None and error.capacity.suggested is not None:
@@ -302,15 +292,8 @@ class Run:
             raise Stopped(uncertain[0]) from None
 
     def _wait_for_capacity(self, batch, seconds, raise_on_stop=True):
-        with self._lock:
-            self._waiting.add(batch.index)
-        started = self.clock()
-        try:
+        with self._tally.waiting_for_capacity(batch):
             stopped = self._sleep(seconds, self._stop)
-        finally:
-            with self._lock:
-                self._waiting.discard(batch.index)
-                self._capacity_wait += self.clock() - started
         if stopped and raise_on_stop:
             raise Stopped()
         return stopped
@@ -321,35 +304,21 @@ class Run:
             task = self.client.cancel(handle)
         except errors.ClientError as ex:
             reason = f'{why}; cancel failed ({ex.reason}); task {handle.id} may still run'
-            self._record(batch, self.job.failed(batch, reason, key, handle.id))
+            self._tally.record(batch, self.job.failed(batch, reason, key, handle.id))
             return
         if task.state == State.CANCELLED:
-            self._record(batch, self.job.failed(batch, f'cancelled: {why}', key, handle.id), task.state)
+            self._tally.record(batch, self.job.failed(batch, f'cancelled: {why}', key, handle.id), task.state)
         elif task.finished:  # it ended before the cancel arrived: report what it did
-            self._record(batch, self.job.outcomes(batch, task, key), task.state)
+            self._tally.record(batch, self.job.outcomes(batch, task, key), task.state)
         else:
             reason = f'{why}; task {handle.id} still {task.state} after cancel'
-            self._record(batch, self.job.failed(batch, reason, key, handle.id))
-
-    def _record(self, batch, outcomes, state=None):
-        """Keep the first outcome recorded for a batch; later ones (a race with cancel) are dropped."""
-        with self._lock:
-            if batch.index in self._outcomes:
-                return False
-            self._outcomes[batch.index] = outcomes
-            for outcome in outcomes:
-                self._rows[outcome.status] += 1
-            if state in (State.FAILED, State.EXPIRED, State.CANCELLED):
-                self._counts[f'tasks_{state}'] += 1
-            return True
+            self._tally.record(batch, self.job.failed(batch, reason, key, handle.id))
 
     # --- reporting -----------------------------------------------------------------------------------
 
     def snapshot(self):
         """The numbers the progress bar shows."""
-        with self._lock:
-            rows = dict(self._rows)
-            waiting = len(self._waiting)
+        rows, waiting = self._tally.progress()
         elapsed = self.clock() - self._started_at if self._started_at is not None else 0.0
         return Snapshot(total=self.total_rows, matched=rows.get(RowStatus.MATCHED, 0),
                         no_match=rows.get(RowStatus.NO_MATCH, 0), failed=rows.get(RowStatus.FAILED, 0),
@@ -364,25 +333,8 @@ class Run:
         return f'not submitted: {INTERRUPTED}'
 
     def _report(self):
-        with self._lock:
-            recorded = dict(self._outcomes)
-            counts = Counter(self._counts)
-            capacity_wait = self._capacity_wait
-        outcomes = []
-        for batch in self._batches:
-            got = recorded.get(batch.index)
-            if got is None:
-                got = self.job.failed(batch, self._unrecorded_reason(batch), self.key_for(batch))
-            outcomes.extend(got)
-        statuses = Counter(outcome.status for outcome in outcomes)
-        counted = ('submissions', 'admitted', 'shadow_refused', 'refused_capacity', 'rate_limited',
-                   'server_errors', 'connection_errors', 'rejected', 'tasks_failed', 'tasks_expired',
-                   'tasks_cancelled')
-        summary = Summary(
-            endpoint=self.job.endpoint, rows=len(outcomes), matched=statuses[RowStatus.MATCHED],
-            no_match=statuses[RowStatus.NO_MATCH], failed=statuses[RowStatus.FAILED],
-            batches=len(self._batches), max_in_flight=self._limit.max_held,
-            capacity_wait_seconds=round(capacity_wait, 3),
-            wall_seconds=round(self.clock() - self._started_at, 3), interrupted=self._interrupted,
-            **{name: counts[name] for name in counted})
-        return RunReport(summary=summary, outcomes=tuple(outcomes))
+        return self._tally.report(
+            self.job, self._batches,
+            lambda batch: self.job.failed(batch, self._unrecorded_reason(batch), self.key_for(batch)),
+            max_in_flight=self._limit.max_held, wall_seconds=round(self.clock() - self._started_at, 3),
+            interrupted=self._interrupted)
