@@ -36,7 +36,7 @@ from heavy_lanes_client.concurrency import AdaptiveLimit
 from heavy_lanes_client.jobs import MatchJob, RerankJob
 from heavy_lanes_client.models import RowStatus, State
 from heavy_lanes_client.progress import Snapshot
-from heavy_lanes_client.retry import RetryPolicy, Stopped, call_with_retries
+from heavy_lanes_client.retry import Holdback, RetryPolicy, Stopped, call_with_retries
 from heavy_lanes_client.tally import Tally, answer_kind
 
 MAX_RUN_ID = 200  # the key `hl-<run_id>-<batch>` must stay within the API's 255 characters
@@ -80,7 +80,7 @@ class Run:
         self._open = {}              # batch index -> Handle whose task has not ended
         self._cancel_owned = set()   # batches whose tasks cancel() took over
         self._dispatched = set()
-        self._not_before = 0.0       # no send before this clock time (a 429 said so)
+        self._holdback = Holdback(clock)  # a 429 holds back every call of the run
         self._fatal = None
         self._threads = []
         self._interrupted = False
@@ -249,12 +249,9 @@ class Run:
         def before_attempt():
             if self._stop.is_set():
                 raise Stopped(uncertain[0])
-            with self._lock:
-                until = self._not_before
-            pause = until - self.clock()
-            if pause <= 0 or until <= own_until[0]:
-                return 0.0
-            self._wait_for_capacity(batch, pause)
+            pause = self._holdback.pause(own_until[0])
+            if pause:
+                self._wait_for_capacity(batch, pause)
             return pause
 
         def send(attempt):
@@ -274,9 +271,7 @@ class Run:
                                                              and error.status != 503):
                 uncertain[0] = True
             if delay is not None and isinstance(error, errors.Refused):
-                with self._lock:
-                    own_until[0] = self.clock() + delay
-                    self._not_before = max(self._not_before, own_until[0])
+                own_until[0] = self._holdback.hold(delay)
             if error.capacity is not None and error.capacity.suggested is not None:
                 self._limit.set(error.capacity.suggested)
 
