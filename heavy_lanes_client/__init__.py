@@ -9,8 +9,9 @@
         print(outcome.name, outcome.status, outcome.top or outcome.reason)
 
 Modules: client (one HTTP conversation), run (a bulk run: calls in flight, polling, cancel), jobs (batches
-and each row's outcome), tally (a run's counts and its report), errors (the error tree), models (the
-values), retry, concurrency, progress, summary, rows, load (the load generator), cli.
+and each row's outcome), sender (one call and its retries), tally (a run's counts and its report), errors
+(the error tree), models (the values), retry, concurrency, progress, summary, rows, load (the load
+generator), cli.
 Needs only the standard library and `requests`.
 """
 from heavy_lanes_client.client import Client, error_for

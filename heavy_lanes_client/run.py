@@ -24,6 +24,10 @@ How it behaves:
 - Ctrl-C (KeyboardInterrupt in execute()) or `cancel()`: no more sends, DELETE for every task still in
   flight, rows of cancelled tasks fail as "cancelled". After Ctrl-C execute() raises RunInterrupted with
   the report; after cancel() from another thread it returns the report with `interrupted` set.
+
+This module holds the orchestration: slots, a thread per call, polling, cancel. What a batch is and what
+its rows became is the job's (jobs), sending one call with its retries the Sender's (sender), and the
+counts and the report the Tally's (tally).
 """
 import random
 import threading
@@ -36,8 +40,9 @@ from heavy_lanes_client.concurrency import AdaptiveLimit
 from heavy_lanes_client.jobs import MatchJob, RerankJob
 from heavy_lanes_client.models import RowStatus, State
 from heavy_lanes_client.progress import Snapshot
-from heavy_lanes_client.retry import Holdback, RetryPolicy, Stopped, call_with_retries
-from heavy_lanes_client.tally import Tally, answer_kind
+from heavy_lanes_client.retry import RetryPolicy, Stopped
+from heavy_lanes_client.sender import Sender
+from heavy_lanes_client.tally import Tally
 
 MAX_RUN_ID = 200  # the key `hl-<run_id>-<batch>` must stay within the API's 255 characters
 INTERRUPTED = 'run interrupted'
@@ -80,8 +85,9 @@ class Run:
         self._open = {}              # batch index -> Handle whose task has not ended
         self._cancel_owned = set()   # batches whose tasks cancel() took over
         self._dispatched = set()
-        self._holdback = Holdback(clock)  # a 429 holds back every call of the run
         self._fatal = None
+        self._sender = Sender(client, job, self.retry, tally=self._tally, limit=self._limit, stop=self._stop,
+                              sleep=self._sleep, rng=self.rng, clock=clock, run_id=self.run_id)
         self._threads = []
         self._interrupted = False
         self._executed = False
@@ -185,7 +191,7 @@ class Run:
         key = self.key_for(batch)
         handle = None
         try:
-            handle = self._submit(batch, key)
+            handle = self._sender.send(batch, key)
             task = handle.immediate
             if task is not None:
                 self._tally.record(batch, self.job.outcomes(batch, task, key), task.state)
@@ -240,58 +246,6 @@ class Run:
     def _owned_by_cancel(self, batch):
         with self._lock:
             return batch.index in self._cancel_owned
-
-    def _submit(self, batch, key):
-        own_until = [0.0]
-        uncertain = [False]  # an earlier send got no answer (or a 5xx other than 503): it may have been taken
-        metadata = {'automatch_run_id': self.run_id[:20]}
-
-        def before_attempt():
-            if self._stop.is_set():
-                raise Stopped(uncertain[0])
-            pause = self._holdback.pause(own_until[0])
-            if pause:
-                self._wait_for_capacity(batch, pause)
-            return pause
-
-        def send(attempt):
-            self._tally.count('submissions')
-            handle = self.job.submit(self.client, batch, key, metadata)
-            capacity = handle.capacity
-            self._tally.admitted(capacity)
-            if capacity.suggested is not None:
-                self._limit.set(capacity.suggested)
-            elif not capacity.counted and attempt == 1:
-                self._limit.set(self.max_concurrency)  # the server is not counting this kind of call
-            return handle
-
-        def on_error(error, delay):
-            self._tally.count(answer_kind(error))
-            if isinstance(error, errors.TransportError) or (isinstance(error, errors.ServerError)
-                                                             and error.status != 503):
-                uncertain[0] = True
-            if delay is not None and isinstance(error, errors.Refused):
-                own_until[0] = self._holdback.hold(delay)
-            if error.capacity is not None and error.capacity.suggested is not None:
-                self._limit.set(error.capacity.suggested)
-
-        def wait(delay, error):
-            if isinstance(error, errors.Refused):
-                return self._wait_for_capacity(batch, delay, raise_on_stop=False)
-            return self._sleep(delay, self._stop)
-
-        try:
-            return call_with_retries(send, self.retry, wait=wait, rng=self.rng, before_attempt=before_attempt,
-                                     on_error=on_error)
-        except Stopped:
-            raise Stopped(uncertain[0]) from None
-
-    def _wait_for_capacity(self, batch, seconds, raise_on_stop=True):
-        with self._tally.waiting_for_capacity(batch):
-            stopped = self._sleep(seconds, self._stop)
-        if stopped and raise_on_stop:
-            raise Stopped()
-        return stopped
 
     def _cancel_and_record(self, batch, handle, why):
         key = handle.idempotency_key
