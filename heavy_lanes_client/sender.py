@@ -48,12 +48,8 @@ class Sender:
         def send(attempt):
             self.tally.count('submissions')
             handle = self.job.submit(self.client, batch, key, self.metadata)
-            capacity = handle.capacity
-            self.tally.admitted(capacity)
-            if capacity.suggested is not None:
-                self.limit.set(capacity.suggested)
-            elif not capacity.counted and attempt == 1:
-                self.limit.set(self.limit.cap)  # the server is not counting this kind of call
+            self.tally.admitted(handle.capacity)
+            self.limit.follow(handle.capacity, first_send=attempt == 1)
             return handle
 
         def on_error(error, delay):
@@ -62,8 +58,7 @@ class Sender:
                 uncertain[0] = True
             if delay is not None and isinstance(error, errors.Refused):
                 own_until[0] = self.holdback.hold(delay)
-            if error.capacity is not None and error.capacity.suggested is not None:
-                self.limit.set(error.capacity.suggested)
+            self.limit.follow(error.capacity)
 
         def wait(delay, error):
             if isinstance(error, errors.Refused):
