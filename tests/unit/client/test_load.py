@@ -6,14 +6,12 @@ from collections import Counter
 import pytest
 
 from heavy_lanes_client.cli import main
-from heavy_lanes_client.load import (
+from heavy_lanes_client.load import LoadGenerator, format_load_report, percentile
+from heavy_lanes_client.load_plan import (
     Account,
-    LoadGenerator,
     LoadPlan,
-    format_load_report,
     parse_mix,
     parse_token_arg,
-    percentile,
     read_accounts,
     require_loopback,
 )
