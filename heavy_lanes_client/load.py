@@ -39,6 +39,7 @@ from heavy_lanes_client.load_plan import KINDS, TIERS, Account, LoadPlan
 from heavy_lanes_client.models import State
 from heavy_lanes_client.phrases import PHRASES
 from heavy_lanes_client.retry import RetryPolicy
+from heavy_lanes_client.sampler import Sampler
 from heavy_lanes_client.summary import table
 
 # bench/soak.py reaches the plan's values through this module, and swaps `Client` here to record answers.
@@ -118,64 +119,6 @@ def _group(name, calls):
         + (('unaccounted', outcomes.get(None, 0)),),
         p50=percentile(latencies, 0.5), p90=percentile(latencies, 0.9), p99=percentile(latencies, 0.99),
         max=max(latencies) if latencies else None)
-
-
-class _Sampler:
-    """Samples /capacity/status/ with a staff token and keeps the largest in-flight count per lane."""
-
-    def __init__(self, url, token, interval, stop):
-        self.client = Client(url, token, timeout=(1.0, 2.0), pool_size=2)
-        self.interval = interval
-        self.stop = stop
-        self.samples = 0
-        self.errors = 0
-        self.last_error = None
-        self.note = None
-        self.lanes = {}   # lane -> [max in flight, limit]
-        self.depths = {}  # queue -> [max depth, pool]
-        self.thread = threading.Thread(target=self._loop, name='heavy-lanes-load-sampler', daemon=True)
-
-    def _keep(self, table_, name, value, limit):
-        if not isinstance(value, int):
-            return
-        entry = table_.setdefault(name, [0, None])
-        entry[0] = max(entry[0], value)
-        entry[1] = limit if isinstance(limit, int) else entry[1]
-
-    def take(self, status):
-        for lane in ('api_heavy', 'es2_knn'):
-            item = status.get(lane) or {}
-            self._keep(self.lanes, lane, item.get('in_flight'), item.get('limit'))
-        for tier, item in (status.get('tiers') or {}).items():
-            self._keep(self.lanes, f'tier:{tier}', (item or {}).get('in_flight'), (item or {}).get('limit'))
-        for host, item in (status.get('tasks') or {}).items():
-            item = item or {}
-            self._keep(self.lanes, f'api_heavy_task:{host}', item.get('in_flight'), item.get('limit'))
-        users = [(item or {}).get('in_flight') for item in (status.get('users') or {}).values()]
-        users = [value for value in users if isinstance(value, int)]
-        if users:
-            self._keep(self.lanes, 'user (busiest)', max(users), None)
-        for queue, item in (status.get('queues') or {}).items():
-            item = item or {}
-            self._keep(self.depths, queue, item.get('depth'), item.get('pool'))
-        self.samples += 1
-
-    def _loop(self):
-        try:
-            next_at = time.monotonic()
-            while not self.stop.is_set():
-                try:
-                    self.take(self.client.capacity_status())
-                except errors.AuthError as ex:
-                    self.note = f'sampling stopped: the staff token was refused ({ex.reason})'
-                    return
-                except errors.ClientError as ex:
-                    self.errors += 1
-                    self.last_error = ex.reason
-                next_at += self.interval
-                self.stop.wait(max(0.0, next_at - time.monotonic()))
-        finally:
-            self.client.close()
 
 
 class LoadGenerator:
@@ -323,7 +266,8 @@ class LoadGenerator:
         sampler_stop = threading.Event()
         sampler = None
         if plan.staff_token:
-            sampler = _Sampler(plan.url, plan.staff_token, plan.sample_interval, sampler_stop)
+            sampler = Sampler(Client(plan.url, plan.staff_token, timeout=(1.0, 2.0), pool_size=2),
+                              plan.sample_interval, sampler_stop)
         started = self.clock()
         self.end = started + plan.seconds
         self.drain_until = self.end + plan.drain_seconds
@@ -392,16 +336,7 @@ class LoadGenerator:
             wall_seconds=round(self.clock() - started, 3), calls=calls, by_tier=by_tier, by_kind=by_kind,
             server_lanes=server_lanes, client_lanes=client_lanes, queue_depths=queue_depths,
             samples=sampler.samples if sampler else 0, sample_errors=sampler.errors if sampler else 0,
-            sample_note=self._sample_note(sampler), interrupted=self.interrupted)
-
-    @staticmethod
-    def _sample_note(sampler):
-        if sampler is None:
-            return None
-        notes = [sampler.note] if sampler.note else []
-        if sampler.errors:
-            notes.append(f'{sampler.errors} samples failed (last: {sampler.last_error})')
-        return '; '.join(notes) or None
+            sample_note=sampler.report_note() if sampler else None, interrupted=self.interrupted)
 
 
 def _seconds(value):
