@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 
 from heavy_lanes_client.cli import main
-from heavy_lanes_client.load import LoadGenerator, format_load_report, percentile
+from heavy_lanes_client.load import LoadGenerator
 from heavy_lanes_client.load_plan import (
     Account,
     LoadPlan,
@@ -15,6 +15,7 @@ from heavy_lanes_client.load_plan import (
     read_accounts,
     require_loopback,
 )
+from heavy_lanes_client.load_report import format_load_report, percentile
 from tests.unit.client.fake_api import Trickle
 
 SOURCE = '/orgs/HPO/sources/HPO/'
