@@ -31,6 +31,7 @@ from heavy_lanes_client.models import (
     Task,
     retry_after_seconds,
 )
+from heavy_lanes_client.retry import RetryPolicy
 from heavy_lanes_client.rows import as_rows
 
 USER_AGENT = 'heavy-lanes-client/0.1'
@@ -38,6 +39,7 @@ REQUEST_SOURCE = 'heavy-lanes-client'
 CONNECT_TIMEOUT = 5.0   # seconds
 READ_TIMEOUT = 30.0     # seconds; a long poll adds its wait on top
 DEFAULT_LONG_POLL = 20  # seconds per GET /tasks/<id>/?wait=N (the server caps it)
+POLL_BACKOFF = RetryPolicy()  # its backoff after a failed poll: 0.5 s doubling, at most 30 s, with jitter
 
 
 def _json_or_none(response):
@@ -284,9 +286,9 @@ class Client:
                 if failures >= max_errors:
                     raise errors.GaveUp(f'lost contact with task after {failures} failed polls: {ex.reason}',
                                         last=ex, attempts=failures) from ex
-                pause = min(30.0, 0.5 * 2 ** (failures - 1)) * self.rng.uniform(0.5, 1.0)
+                pause = POLL_BACKOFF.backoff(failures, self.rng)
                 if ex.retry_after is not None:
-                    pause = max(pause, min(ex.retry_after, 30.0))
+                    pause = max(pause, min(ex.retry_after, POLL_BACKOFF.backoff_max_seconds))
                 if sleep(pause):
                     return last if last is not None else Task(id=getattr(handle, 'id', handle),
                                                               state=State.QUEUED)
