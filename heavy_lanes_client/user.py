@@ -57,9 +57,11 @@ class User:
         finally:
             client.close()
 
+    def _rows(self, kind):
+        return 1 if kind == 'single' else self.plan.bulk_rows
+
     def _send(self, client, kind, rng, key):
-        plan = self.plan
-        count = 1 if kind == 'single' else plan.bulk_rows
+        count = self._rows(kind)
         names = rng.sample(PHRASES, min(count, len(PHRASES)))
         names += [rng.choice(PHRASES) for _ in range(count - len(names))]
         if kind == 'rerank':
@@ -69,9 +71,8 @@ class User:
 
     def _call(self, client, kind, rng):
         """Make one call and see it to its end; returns the pause before the next one (None: stop)."""
-        call = self.ledger.open(user=self.number, tier=self.account.tier, kind=kind,
-                                rows=1 if kind == 'single' else self.plan.bulk_rows, started=self.clock(),
-                                key=f'load-{uuid.uuid4().hex}')
+        call = self.ledger.open(user=self.number, tier=self.account.tier, kind=kind, rows=self._rows(kind),
+                                started=self.clock(), key=f'load-{uuid.uuid4().hex}')
         handle = None
         for attempt in range(1, MAX_SENDS + 1):
             self.ledger.sent(call)
