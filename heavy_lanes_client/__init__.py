@@ -9,8 +9,8 @@
         print(outcome.name, outcome.status, outcome.top or outcome.reason)
 
 Modules:
-- the client: client (one HTTP conversation), errors (the error tree), models (the values), rows (rows in,
-  outcomes out), phrases (the built-in rows), cli (the command line);
+- the client: client (one HTTP conversation), answers (what an answer means), errors (the error tree),
+  models (the values), rows (rows in, outcomes out), phrases (the built-in rows), cli (the command line);
 - a bulk run: run (calls in flight, polling, cancel), jobs (batches and each row's outcome), sender (one
   call and its retries), retry (when to send again), concurrency (the adaptive limit), tally (a run's
   counts and its report), progress (the progress line), summary (the table at the end);
@@ -19,7 +19,8 @@ Modules:
 
 Needs only the standard library and `requests`.
 """
-from heavy_lanes_client.client import Client, error_for
+from heavy_lanes_client.answers import error_for
+from heavy_lanes_client.client import Client
 from heavy_lanes_client.errors import (
     AuthError,
     CapacityRefused,
