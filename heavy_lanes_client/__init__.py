@@ -8,11 +8,19 @@
     for outcome in report.outcomes:
         print(outcome.name, outcome.status, outcome.top or outcome.reason)
 
-Modules: client (one HTTP conversation), run (batches, retries, concurrency, outcomes), errors (the error
-tree), models (the values), retry, concurrency, progress, summary, rows, load (the load generator), cli.
+Modules:
+- the client: client (one HTTP conversation), answers (what an answer means), errors (the error tree),
+  models (the values), rows (rows in, outcomes out), phrases (the built-in rows), cli (the command line);
+- a bulk run: run (calls in flight, polling, cancel), jobs (batches and each row's outcome), sender (one
+  call and its retries), retry (when to send again), concurrency (the adaptive limit), tally (a run's
+  counts and its report), progress (the progress line), summary (the table at the end);
+- the load generator: load (the whole run), load_plan (what to run, checked), user (one simulated user),
+  ledger (every call and its outcome), sampler (/capacity/status/), load_report (groups and tables).
+
 Needs only the standard library and `requests`.
 """
-from heavy_lanes_client.client import Client, error_for
+from heavy_lanes_client.answers import error_for
+from heavy_lanes_client.client import Client
 from heavy_lanes_client.errors import (
     AuthError,
     CapacityRefused,
@@ -29,6 +37,7 @@ from heavy_lanes_client.errors import (
     TaskNotFound,
     TransportError,
 )
+from heavy_lanes_client.jobs import MatchJob, RerankJob
 from heavy_lanes_client.models import (
     Capacity,
     Handle,
@@ -41,7 +50,7 @@ from heavy_lanes_client.models import (
     Task,
 )
 from heavy_lanes_client.retry import RetryPolicy
-from heavy_lanes_client.run import MatchJob, PollPolicy, RerankJob, Run
+from heavy_lanes_client.run import PollPolicy, Run
 from heavy_lanes_client.summary import format_summary
 
 __all__ = [

@@ -13,15 +13,9 @@ from dataclasses import asdict
 
 from heavy_lanes_client import errors
 from heavy_lanes_client.client import Client
-from heavy_lanes_client.load import (
-    DEFAULT_MIX,
-    LoadGenerator,
-    LoadPlan,
-    format_load_report,
-    parse_mix,
-    parse_token_arg,
-    read_accounts,
-)
+from heavy_lanes_client.load import LoadGenerator
+from heavy_lanes_client.load_plan import DEFAULT_MIX, LoadPlan, parse_mix, parse_token_arg, read_accounts
+from heavy_lanes_client.load_report import format_load_report
 from heavy_lanes_client.progress import Progress
 from heavy_lanes_client.retry import RetryPolicy
 from heavy_lanes_client.rows import demo_rows, parse_rows_arg, read_rows_file, write_output

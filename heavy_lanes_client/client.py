@@ -6,10 +6,11 @@
         client.cancel(handle)               # DELETE /tasks/<id>/
 
 Every method sends one request (wait() a series of polls) and raises from heavy_lanes_client.errors when
-the answer is not a success; retrying is the caller's choice (heavy_lanes_client.run does it). Every heavy
-call carries an Idempotency-Key (a new one unless given: pass the same key to retry the same call) and
-`X-OCL-Event-Metadata: {"capacity_aware": "true"}`, so an enforcing server answers 429 instead of making
-the call wait, and always answers 202 with a handle instead of holding the request.
+the answer is not a success (answers.error_for picks which); retrying is the caller's choice
+(heavy_lanes_client.run does it). Every heavy call carries an Idempotency-Key (a new one unless given:
+pass the same key to retry the same call) and `X-OCL-Event-Metadata: {"capacity_aware": "true"}`, so an
+enforcing server answers 429 instead of making the call wait, and always answers 202 with a handle
+instead of holding the request.
 """
 import json
 import random
@@ -21,6 +22,7 @@ import requests
 from requests.adapters import HTTPAdapter
 
 from heavy_lanes_client import errors
+from heavy_lanes_client.answers import error_for, json_or_none
 from heavy_lanes_client.models import (
     MATCH,
     RERANK,
@@ -31,85 +33,15 @@ from heavy_lanes_client.models import (
     Task,
     retry_after_seconds,
 )
+from heavy_lanes_client.retry import RetryPolicy
+from heavy_lanes_client.rows import as_rows
 
 USER_AGENT = 'heavy-lanes-client/0.1'
 REQUEST_SOURCE = 'heavy-lanes-client'
 CONNECT_TIMEOUT = 5.0   # seconds
 READ_TIMEOUT = 30.0     # seconds; a long poll adds its wait on top
 DEFAULT_LONG_POLL = 20  # seconds per GET /tasks/<id>/?wait=N (the server caps it)
-
-
-def _json_or_none(response):
-    try:
-        return response.json()
-    except ValueError:
-        return None
-
-
-def _describe_detail(detail):
-    """A 400 `detail` ({field: [messages]}) or any other detail as one line."""
-    if isinstance(detail, dict):
-        parts = []
-        for name, messages in detail.items():
-            if isinstance(messages, list):
-                messages = '; '.join(str(message) for message in messages)
-            parts.append(f'{name}: {messages}')
-        return ' | '.join(parts)
-    if isinstance(detail, list):
-        return '; '.join(str(item) for item in detail)
-    return '' if detail is None else str(detail)
-
-
-def error_for(response, not_found=errors.RequestRejected):
-    """The ClientError for a non-2xx answer: capacity refusal, rate limit, server error or rejection.
-
-    A 429 is a capacity refusal when its `error_code` is `capacity_exceeded` (or the decision header says
-    `refused`); any other 429 is a rate limit. `retry_after` comes from the Retry-After header, else the
-    body's `retry_after`.
-    """
-    status = response.status_code
-    body = _json_or_none(response)
-    body = body if isinstance(body, dict) else {}
-    code = body.get('error_code')
-    detail = body.get('detail', None if body else (response.text or '')[:300])
-    capacity = Capacity.from_headers(response.headers)
-    retry_after = retry_after_seconds(response.headers.get('Retry-After'))
-    if retry_after is None:
-        retry_after = retry_after_seconds(body.get('retry_after'))
-    text = _describe_detail(detail)
-    fields = dict(status=status, error_code=code, detail=detail, capacity=capacity, retry_after=retry_after)
-    if status == 429:
-        wait = f', Retry-After {retry_after:g} s' if retry_after is not None else ''
-        if code == 'capacity_exceeded' or (code is None and capacity.decision == 'refused'):
-            scope = body.get('scope')
-            paused = bool(body.get('paused'))
-            what = f'lane {scope} paused' if paused else f'lane {scope} full' if scope else 'lanes full'
-            return errors.CapacityRefused(f'capacity refused ({what}{wait})', scope=scope, paused=paused,
-                                          **fields)
-        return errors.RateLimited(f'rate limited (HTTP 429 {code or "too many requests"}{wait})', **fields)
-    message = f'HTTP {status}{" " + code if code else ""}: {text}'.rstrip(': ')
-    if 500 <= status < 600:
-        return errors.ServerError(f'server error ({message})', **fields)
-    if status == 400:
-        bad_fields = detail if isinstance(detail, dict) else {}
-        return errors.InvalidRequest(f'rejected ({message})', fields=bad_fields, **fields)
-    if status in (401, 403):
-        return errors.AuthError(f'not allowed ({message})', **fields)
-    if status == 422 and code in (None, 'idempotency_conflict'):
-        return errors.IdempotencyConflict(f'idempotency conflict ({message})', **fields)
-    if status == 404:
-        return not_found(f'not found ({message})', **fields)
-    if 400 <= status < 500:
-        return errors.RequestRejected(f'rejected ({message})', **fields)
-    return errors.ProtocolError(f'unexpected answer ({message})', **fields)
-
-
-def _rows(rows):
-    """Rows as the API takes them: a string becomes {"name": string}; a dict is sent as it is."""
-    out = []
-    for row in rows:
-        out.append({'name': row} if isinstance(row, str) else dict(row))
-    return out
+POLL_BACKOFF = RetryPolicy()  # its backoff after a failed poll: 0.5 s doubling, at most 30 s, with jitter
 
 
 class Client:
@@ -199,16 +131,16 @@ class Client:
             params['semantic'] = 'true'
         if reranker:
             params['reranker'] = 'true'
-        body = {'rows': _rows(rows), 'target_repo_url': source, 'limit': limit}
+        body = {'rows': as_rows(rows), 'target_repo_url': source, 'limit': limit}
         return self.submit(MATCH, body, params=params, idempotency_key=idempotency_key, metadata=metadata)
 
     def submit_rerank(self, q, rows, *, idempotency_key=None, metadata=None):
         """POST /concepts/$rerank/: score candidate `rows` (strings or dicts with "name") against `q`."""
-        return self.submit(RERANK, {'q': q, 'rows': _rows(rows)}, idempotency_key=idempotency_key,
+        return self.submit(RERANK, {'q': q, 'rows': as_rows(rows)}, idempotency_key=idempotency_key,
                            metadata=metadata)
 
     def _handle(self, endpoint, response, key):
-        body = _json_or_none(response)
+        body = json_or_none(response)
         capacity = Capacity.from_headers(response.headers)
         if not isinstance(body, dict):
             raise errors.ProtocolError(f'HTTP {response.status_code} without a JSON object body',
@@ -243,7 +175,7 @@ class Client:
         raise ValueError('this handle has no task to poll or cancel (the call was answered in the request)')
 
     def _task(self, response):
-        body = _json_or_none(response)
+        body = json_or_none(response)
         try:
             return Task.from_body(body, poll_after=retry_after_seconds(response.headers.get('Retry-After')))
         except (KeyError, ValueError, TypeError, AttributeError) as ex:
@@ -291,9 +223,9 @@ class Client:
                 if failures >= max_errors:
                     raise errors.GaveUp(f'lost contact with task after {failures} failed polls: {ex.reason}',
                                         last=ex, attempts=failures) from ex
-                pause = min(30.0, 0.5 * 2 ** (failures - 1)) * self.rng.uniform(0.5, 1.0)
+                pause = POLL_BACKOFF.backoff(failures, self.rng)
                 if ex.retry_after is not None:
-                    pause = max(pause, min(ex.retry_after, 30.0))
+                    pause = max(pause, min(ex.retry_after, POLL_BACKOFF.backoff_max_seconds))
                 if sleep(pause):
                     return last if last is not None else Task(id=getattr(handle, 'id', handle),
                                                               state=State.QUEUED)
@@ -325,7 +257,7 @@ class Client:
         response = self.request('GET', 'sources/')
         if response.status_code != 200:
             raise error_for(response)
-        body = _json_or_none(response)
+        body = json_or_none(response)
         items = body.get('results', []) if isinstance(body, dict) else body
         if not isinstance(items, list):
             raise errors.ProtocolError('GET /sources/ did not answer a list', status=response.status_code)
@@ -339,7 +271,7 @@ class Client:
         response = self.request('GET', 'capacity/status/')
         if response.status_code != 200:
             raise error_for(response)
-        body = _json_or_none(response)
+        body = json_or_none(response)
         if not isinstance(body, dict):
             raise errors.ProtocolError('GET /capacity/status/ did not answer an object',
                                        status=response.status_code)

@@ -38,6 +38,17 @@ class AdaptiveLimit:
             self._cond.notify_all()
             return self._limit
 
+    def follow(self, capacity, first_send=False):
+        """Take the suggestion in an answer's `capacity` headers (None: the answer had none). Without one,
+        an admitted first send that the server did not count (the limiter is off, or a lexical call)
+        lifts the limit to `cap`."""
+        if capacity is None:
+            return
+        if capacity.suggested is not None:
+            self.set(capacity.suggested)
+        elif first_send and not capacity.counted:
+            self.set(self.cap)
+
     def acquire(self, stop, poll_seconds=0.1):
         """Take a slot; False (and no slot) if `stop` (a threading.Event) is set first."""
         with self._cond:

@@ -3,548 +3,71 @@
     plan = LoadPlan(url='http://127.0.0.1:8000', users=8, seconds=30, staff_token='STAFFKEY',
                     accounts=(Account('core', 'KEY1'), Account('preview', 'KEY2')))
     report = LoadGenerator(plan).run()
-    print(format_load_report(report)); sys.exit(0 if report.ok else 1)
+    print(format_load_report(report)); sys.exit(0 if report.ok else 1)   # from load_report
 
-Each user is a thread with one token (users take the accounts in turn) and one call in flight at a time.
-It picks a kind of call by the `mix` weights — `single` (semantic `$match`, 1 row), `bulk` (semantic
-`$match`, `bulk_rows` rows), `bulk-rerank` (reranked lexical `$match`) or `rerank` (`$rerank` of
-`bulk_rows` candidates) — with rows drawn from the built-in phrases, sends it (capacity-aware, with an
-Idempotency-Key; a dropped connection or 5xx is resent with the same key, at most 3 sends), then
-long-polls its task. A 429 ends that call as `refused` (or `rate_limited`) and the user waits out the
-Retry-After (with jitter, at most `max_backoff` s) before its next call, as a well-behaved client would.
+This module runs the whole of it. Each user is a thread (user.User) with one token (users take the
+accounts in turn) and one call in flight at a time. Users send new calls for `seconds`; then calls in
+flight get `drain_seconds` to finish; whatever is still open after that is cancelled (DELETE). At the end
+every call is in exactly one bucket of the Ledger: finished (succeeded / failed / expired / cancelled, by
+the task's final state), refused, rate_limited or error. A call in none of them is *unaccounted*, and
+`report.ok` is False.
 
-Users send new calls for `seconds`; then calls in flight get `drain_seconds` to finish; whatever is
-still open after that is cancelled (DELETE). At the end every call is in exactly one bucket: finished
-(succeeded / failed / expired / cancelled, by the task's final state), refused, rate_limited or error.
-A call in none of them is *unaccounted*, and `report.ok` is False.
+With a staff token, `/capacity/status/` is sampled (sampler.Sampler) every `sample_interval` s for the
+largest in-flight count seen per lane; the users' own open tasks per queue are counted exactly on the
+client side.
 
-With a staff token, `/capacity/status/` is sampled every `sample_interval` s (50–1000 ms) for the largest
-in-flight count seen per lane; the users' own open tasks per queue are counted exactly on the client side.
-
-Only loopback URLs are accepted (127.0.0.0/8, ::1, localhost): this is a test tool for a server you run
+Only loopback URLs are accepted (load_plan.require_loopback): this is a test tool for a server you run
 yourself. Users, time and every wait are bounded.
 """
-import ipaddress
-import json
-import math
-import random
 import threading
 import time
-import uuid
-from collections import Counter
-from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
-from heavy_lanes_client import errors
 from heavy_lanes_client.client import Client
-from heavy_lanes_client.models import State
-from heavy_lanes_client.phrases import PHRASES
-from heavy_lanes_client.retry import RetryPolicy
-from heavy_lanes_client.summary import table
+from heavy_lanes_client.ledger import Ledger
+from heavy_lanes_client.load_plan import Account, LoadPlan
+from heavy_lanes_client.load_report import LaneMax, LoadReport, by_kind, by_tier
+from heavy_lanes_client.sampler import Sampler
+from heavy_lanes_client.user import User, cancel
 
-TIERS = ('staff', 'core', 'early_access', 'preview')
-KINDS = ('single', 'bulk', 'bulk-rerank', 'rerank')
-DEFAULT_MIX = (('single', 5), ('bulk', 3), ('bulk-rerank', 1), ('rerank', 1))
-MAX_USERS = 256
-MAX_SECONDS = 3600
-MAX_DRAIN_SECONDS = 600
-MAX_SENDS = 3  # sends of one call when the connection drops or the server answers 5xx
-
-
-class Outcome:
-    SUCCEEDED, FAILED, EXPIRED, CANCELLED = 'succeeded', 'failed', 'expired', 'cancelled'
-    REFUSED, RATE_LIMITED, ERROR = 'refused', 'rate_limited', 'error'
-    ALL = (SUCCEEDED, FAILED, EXPIRED, CANCELLED, REFUSED, RATE_LIMITED, ERROR)
-
-
-def require_loopback(url):
-    """ValueError unless `url` is http(s) to a loopback host."""
-    parts = urlsplit(url)
-    host = parts.hostname or ''
-    if parts.scheme not in ('http', 'https') or not host:
-        raise ValueError(f'not an http(s) URL: {url!r}')
-    if host == 'localhost':
-        return url
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
-        raise ValueError(f'the load generator only targets loopback addresses (127.0.0.0/8, ::1, localhost), '
-                         f'not {host!r}')
-    return url
-
-
-@dataclass(frozen=True)
-class Account:
-    tier: str
-    token: str = field(repr=False)
-
-    def __post_init__(self):
-        if self.tier not in TIERS:
-            raise ValueError(f'unknown tier {self.tier!r}; the tiers are {", ".join(TIERS)}')
-        if not self.token:
-            raise ValueError('empty token')
-
-
-def parse_token_arg(text):
-    """`--token TIER:KEY`."""
-    tier, sep, token = text.partition(':')
-    if not sep:
-        raise ValueError(f'expected TIER:KEY, got {text!r}')
-    return Account(tier.strip(), token.strip())
-
-
-def read_accounts(path):
-    """A tokens file: {"tokens": [{"token": "...", "tier": "core"}, ...]} (or just the list)."""
-    with open(path, encoding='utf-8') as handle:
-        data = json.load(handle)
-    items = data.get('tokens') if isinstance(data, dict) else data
-    if not isinstance(items, list) or not items:
-        raise ValueError(f'{path}: expected {{"tokens": [{{"token": ..., "tier": ...}}, ...]}}')
-    accounts = []
-    for item in items:
-        if not isinstance(item, dict) or not isinstance(item.get('token'), str):
-            raise ValueError(f'{path}: each token needs "token" and "tier"')
-        accounts.append(Account(str(item.get('tier', '')), item['token']))
-    return accounts
-
-
-def parse_mix(text):
-    """`single=5,bulk=3,rerank=1` -> (("single", 5), ...)."""
-    pairs = []
-    for part in text.split(','):
-        if not part.strip():
-            continue
-        kind, _, weight = part.partition('=')
-        kind = kind.strip()
-        if kind not in KINDS:
-            raise ValueError(f'unknown kind {kind!r}; the kinds are {", ".join(KINDS)}')
-        try:
-            value = float(weight)
-        except ValueError:
-            raise ValueError(f'bad weight in {part!r}') from None
-        if value < 0:
-            raise ValueError(f'negative weight in {part!r}')
-        pairs.append((kind, value))
-    if not pairs or not any(weight > 0 for _, weight in pairs):
-        raise ValueError('the mix needs at least one kind with a positive weight')
-    return tuple(pairs)
-
-
-@dataclass(frozen=True)
-class LoadPlan:
-    url: str
-    accounts: tuple
-    users: int = 8
-    seconds: float = 30.0
-    source: str | None = None          # for $match calls; default: the first of GET /sources/
-    mix: tuple = DEFAULT_MIX
-    bulk_rows: int = 10
-    staff_token: str | None = field(default=None, repr=False)
-    sample_interval: float = 0.075     # seconds between /capacity/status/ samples
-    drain_seconds: float = 30.0        # after `seconds`: time for calls in flight to finish, then cancel
-    max_backoff: float = 30.0          # cap on a user's wait after a 429
-    think_seconds: float = 0.2         # a user's pause between calls: U(0, think_seconds)
-    long_poll: int = 10
-    http_timeout: float = 15.0         # read timeout of one request (a long poll adds its wait)
-    seed: int | None = None
-
-    def __post_init__(self):
-        require_loopback(self.url)
-        if not self.accounts:
-            raise ValueError('give at least one token')
-        if not 1 <= self.users <= MAX_USERS:
-            raise ValueError(f'users must be 1..{MAX_USERS}')
-        if not 0 < self.seconds <= MAX_SECONDS:
-            raise ValueError(f'seconds must be in (0, {MAX_SECONDS}]')
-        if not 0 <= self.drain_seconds <= MAX_DRAIN_SECONDS:
-            raise ValueError(f'drain_seconds must be 0..{MAX_DRAIN_SECONDS}')
-        if not 0.05 <= self.sample_interval <= 1.0:
-            raise ValueError('sample_interval must be 0.05..1.0 s')
-        if not 1 <= self.bulk_rows <= 1000:
-            raise ValueError('bulk_rows must be 1..1000')
-        if self.max_backoff < 0 or self.think_seconds < 0 or self.long_poll < 0 or self.http_timeout <= 0:
-            raise ValueError('waits must not be negative')
-
-
-@dataclass
-class _Call:
-    """One call's ledger entry, changed only under the ledger's lock."""
-
-    number: int
-    user: int
-    tier: str
-    kind: str
-    rows: int
-    started: float
-    key: str
-    sends: int = 0
-    status: int | None = None      # HTTP status of the last answer to the submission
-    decision: str | None = None    # X-OCL-Capacity-Decision of that answer
-    server_tier: str | None = None
-    lane: str | None = None
-    task_id: str | None = None
-    handle: object = None
-    outcome: str | None = None
-    reason: str | None = None
-    latency: float | None = None   # seconds from the first send to the final state
-
-
-@dataclass(frozen=True)
-class CallResult:
-    number: int
-    user: int
-    tier: str
-    kind: str
-    rows: int
-    outcome: str | None
-    decision: str | None
-    server_tier: str | None
-    lane: str | None
-    task_id: str | None
-    sends: int
-    latency: float | None
-    reason: str | None
-    admitted: bool
-
-
-@dataclass(frozen=True)
-class GroupStats:
-    """Counts and latency percentiles (seconds, succeeded calls) of the calls of one tier or kind."""
-
-    name: str
-    calls: int
-    admitted: int
-    shadow_refused: int
-    outcomes: tuple  # ((outcome, count), ...) over Outcome.ALL, then ('unaccounted', n)
-    p50: float | None
-    p90: float | None
-    p99: float | None
-    max: float | None
-
-    def count(self, outcome):
-        return dict(self.outcomes).get(outcome, 0)
-
-
-@dataclass(frozen=True)
-class LaneMax:
-    lane: str
-    max_in_flight: int
-    limit: int | None
-
-
-@dataclass(frozen=True)
-class LoadReport:
-    url: str
-    users: int
-    seconds: float
-    wall_seconds: float
-    calls: tuple          # CallResult, in the order they were started
-    by_tier: tuple        # GroupStats
-    by_kind: tuple        # GroupStats
-    server_lanes: tuple   # LaneMax from /capacity/status/ samples (empty without a staff token)
-    client_lanes: tuple   # LaneMax of the users' own open tasks per queue (exact)
-    queue_depths: tuple   # LaneMax of each queue's depth seen in the samples
-    samples: int
-    sample_errors: int
-    sample_note: str | None
-    interrupted: bool
-
-    @property
-    def unaccounted(self):
-        return sum(1 for call in self.calls if call.outcome is None)
-
-    @property
-    def ok(self):
-        return self.unaccounted == 0
-
-
-def percentile(values, fraction):
-    """Nearest-rank percentile of `values` (None when empty)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), math.ceil(fraction * len(ordered))))
-    return ordered[rank - 1]
-
-
-def _group(name, calls):
-    outcomes = Counter(call.outcome for call in calls)
-    latencies = [call.latency for call in calls
-                 if call.outcome == Outcome.SUCCEEDED and call.latency is not None]
-    return GroupStats(
-        name=name, calls=len(calls), admitted=sum(1 for call in calls if call.admitted),
-        shadow_refused=sum(1 for call in calls if call.decision == 'shadow-refused'),
-        outcomes=tuple((outcome, outcomes.get(outcome, 0)) for outcome in Outcome.ALL)
-        + (('unaccounted', outcomes.get(None, 0)),),
-        p50=percentile(latencies, 0.5), p90=percentile(latencies, 0.9), p99=percentile(latencies, 0.99),
-        max=max(latencies) if latencies else None)
-
-
-class _Ledger:
-    """Every call the users start, and the one outcome each ends with (the first one recorded)."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self.calls = []
-        self.closed = False  # the final cancel pass has taken the open handles
-        self.lanes_now = Counter()
-        self.lanes_max = Counter()
-
-    def open(self, **fields):
-        with self._lock:
-            call = _Call(number=len(self.calls), **fields)
-            self.calls.append(call)
-            return call
-
-    def sent(self, call):
-        with self._lock:
-            call.sends += 1
-
-    def answered(self, call, status, capacity):
-        with self._lock:
-            call.status = status
-            if capacity is not None:
-                call.decision = capacity.decision
-                call.server_tier = capacity.tier or call.server_tier
-
-    def admit(self, call, handle):
-        """Note the task; False when the cancel pass already ran (the caller must cancel it itself)."""
-        with self._lock:
-            call.task_id, call.lane = handle.id, handle.lane
-            if self.closed:
-                return False
-            call.handle = handle
-            if handle.lane and call.outcome is None:
-                self.lanes_now[handle.lane] += 1
-                self.lanes_max[handle.lane] = max(self.lanes_max[handle.lane], self.lanes_now[handle.lane])
-            return True
-
-    def resolve(self, call, outcome, reason=None, latency=None):
-        with self._lock:
-            if call.outcome is not None:
-                return False
-            call.outcome, call.reason, call.latency = outcome, reason, latency
-            if call.handle is not None and call.lane:
-                self.lanes_now[call.lane] -= 1
-            return True
-
-    def take_open(self):
-        """Close the ledger to new handles and return the calls whose tasks are still open."""
-        with self._lock:
-            self.closed = True
-            return [call for call in self.calls if call.outcome is None and call.handle is not None]
-
-    def lane_maxima(self):
-        with self._lock:
-            return dict(self.lanes_max)
-
-    def results(self):
-        with self._lock:
-            return tuple(CallResult(
-                number=call.number, user=call.user, tier=call.tier, kind=call.kind, rows=call.rows,
-                outcome=call.outcome, decision=call.decision, server_tier=call.server_tier, lane=call.lane,
-                task_id=call.task_id, sends=call.sends, latency=call.latency, reason=call.reason,
-                admitted=call.status in (200, 202)) for call in self.calls)
-
-
-def outcome_of(state):
-    return {State.SUCCEEDED: Outcome.SUCCEEDED, State.FAILED: Outcome.FAILED, State.EXPIRED: Outcome.EXPIRED,
-            State.CANCELLED: Outcome.CANCELLED}[state]
-
-
-class _Sampler:
-    """Samples /capacity/status/ with a staff token and keeps the largest in-flight count per lane."""
-
-    def __init__(self, url, token, interval, stop):
-        self.client = Client(url, token, timeout=(1.0, 2.0), pool_size=2)
-        self.interval = interval
-        self.stop = stop
-        self.samples = 0
-        self.errors = 0
-        self.last_error = None
-        self.note = None
-        self.lanes = {}   # lane -> [max in flight, limit]
-        self.depths = {}  # queue -> [max depth, pool]
-        self.thread = threading.Thread(target=self._loop, name='heavy-lanes-load-sampler', daemon=True)
-
-    def _keep(self, table_, name, value, limit):
-        if not isinstance(value, int):
-            return
-        entry = table_.setdefault(name, [0, None])
-        entry[0] = max(entry[0], value)
-        entry[1] = limit if isinstance(limit, int) else entry[1]
-
-    def take(self, status):
-        for lane in ('api_heavy', 'es2_knn'):
-            item = status.get(lane) or {}
-            self._keep(self.lanes, lane, item.get('in_flight'), item.get('limit'))
-        for tier, item in (status.get('tiers') or {}).items():
-            self._keep(self.lanes, f'tier:{tier}', (item or {}).get('in_flight'), (item or {}).get('limit'))
-        for host, item in (status.get('tasks') or {}).items():
-            item = item or {}
-            self._keep(self.lanes, f'api_heavy_task:{host}', item.get('in_flight'), item.get('limit'))
-        users = [(item or {}).get('in_flight') for item in (status.get('users') or {}).values()]
-        users = [value for value in users if isinstance(value, int)]
-        if users:
-            self._keep(self.lanes, 'user (busiest)', max(users), None)
-        for queue, item in (status.get('queues') or {}).items():
-            item = item or {}
-            self._keep(self.depths, queue, item.get('depth'), item.get('pool'))
-        self.samples += 1
-
-    def _loop(self):
-        try:
-            next_at = time.monotonic()
-            while not self.stop.is_set():
-                try:
-                    self.take(self.client.capacity_status())
-                except errors.AuthError as ex:
-                    self.note = f'sampling stopped: the staff token was refused ({ex.reason})'
-                    return
-                except errors.ClientError as ex:
-                    self.errors += 1
-                    self.last_error = ex.reason
-                next_at += self.interval
-                self.stop.wait(max(0.0, next_at - time.monotonic()))
-        finally:
-            self.client.close()
+# bench/soak.py builds its plan from load.Account and load.LoadPlan, and swaps load.Client to record answers.
+__all__ = ['Account', 'Client', 'LoadGenerator', 'LoadPlan']
 
 
 class LoadGenerator:
+    """Runs one LoadPlan, once; see the module docstring. `clock` gives seconds (monotonic)."""
+
     def __init__(self, plan, clock=time.monotonic):
         self.plan = plan
         self.clock = clock
-        self.ledger = _Ledger()
+        self.ledger = Ledger()
         self.stop = threading.Event()          # Ctrl-C, or the drain time is over: stop sending and polling
         self.threads = []
-        self.retry = RetryPolicy(max_attempts=MAX_SENDS, max_delay_seconds=plan.max_backoff)
         self.source = plan.source
         self.interrupted = False
         self.end = None
         self.drain_until = None
 
-    # --- one user --------------------------------------------------------------------------------------
+    def _client(self, token, **options):
+        """A Client of the plan's server, built from this module's `Client` (which bench/soak.py swaps)."""
+        return Client(self.plan.url, token, timeout=(3.0, self.plan.http_timeout), **options)
 
-    def _user(self, number, account):
-        plan = self.plan
-        rng = random.Random(None if plan.seed is None else plan.seed * 1000 + number)
-        kinds = [kind for kind, _ in plan.mix]
-        weights = [weight for _, weight in plan.mix]
-        client = Client(plan.url, account.token, timeout=(3.0, plan.http_timeout), pool_size=2, rng=rng)
-        try:
-            while not self.stop.is_set() and self.clock() < self.end:
-                kind = rng.choices(kinds, weights)[0]
-                pause = self._call(client, number, account, kind, rng)
-                if pause is None:  # this token can't make calls at all
-                    return
-                pause += rng.uniform(0, plan.think_seconds)
-                pause = min(pause, max(0.0, self.end - self.clock()))
-                if pause > 0 and self.stop.wait(pause):
-                    return
-        finally:
-            client.close()
+    def _account(self, user):
+        return self.plan.accounts[user % len(self.plan.accounts)]
 
-    def _send(self, client, kind, rng, key):
-        plan = self.plan
-        count = 1 if kind == 'single' else plan.bulk_rows
-        names = rng.sample(PHRASES, min(count, len(PHRASES)))
-        names += [rng.choice(PHRASES) for _ in range(count - len(names))]
-        if kind == 'rerank':
-            return client.submit_rerank(rng.choice(PHRASES), names, idempotency_key=key)
-        return client.submit_match(names, self.source, semantic=kind in ('single', 'bulk'),
-                                   reranker=kind == 'bulk-rerank', limit=5, idempotency_key=key)
+    def _user(self, number):
+        account = self._account(number)
 
-    def _call(self, client, number, account, kind, rng):
-        """Make one call and see it to its end; returns the pause before the next one (None: stop)."""
-        call = self.ledger.open(user=number, tier=account.tier, kind=kind,
-                                rows=1 if kind == 'single' else self.plan.bulk_rows, started=self.clock(),
-                                key=f'load-{uuid.uuid4().hex}')
-        handle = None
-        for attempt in range(1, MAX_SENDS + 1):
-            self.ledger.sent(call)
-            try:
-                handle = self._send(client, kind, rng, call.key)
-                break
-            except errors.Refused as ex:
-                self.ledger.answered(call, ex.status, ex.capacity)
-                outcome = Outcome.REFUSED if isinstance(ex, errors.CapacityRefused) else Outcome.RATE_LIMITED
-                self.ledger.resolve(call, outcome, ex.reason)
-                return min(self.retry.delay(ex, 1, rng), self.plan.max_backoff)
-            except (errors.TransportError, errors.ServerError) as ex:
-                self.ledger.answered(call, ex.status, ex.capacity)
-                if attempt == MAX_SENDS or self.stop.is_set():
-                    self.ledger.resolve(call, Outcome.ERROR, ex.reason)
-                    return self.retry.backoff(attempt, rng)
-                if self.stop.wait(self.retry.delay(ex, attempt, rng)):
-                    self.ledger.resolve(call, Outcome.ERROR, f'{ex.reason}; not resent: stopping')
-                    return 0.0
-            except errors.ClientError as ex:
-                self.ledger.answered(call, ex.status, ex.capacity)
-                self.ledger.resolve(call, Outcome.ERROR, ex.reason)
-                return None if isinstance(ex, errors.AuthError) else 1.0
-        self.ledger.answered(call, 202 if handle.immediate is None else 200, handle.capacity)
-        if handle.immediate is not None:
-            self.ledger.resolve(call, outcome_of(handle.immediate.state), latency=self.clock() - call.started)
-            return 0.0
-        if not self.ledger.admit(call, handle):
-            self._cancel(client, call, handle)
-            return 0.0
-        self._follow(client, call, handle, rng)
-        return 0.0
+        def connect(rng):
+            return self._client(account.token, pool_size=2, rng=rng)
 
-    def _follow(self, client, call, handle, rng):
-        """Long-poll the task until it ends, or until the drain time is over or we stop (then the cancel
-        pass deals with it)."""
-        failures = 0
-        while not self.stop.is_set():
-            remaining = (self.drain_until if self.drain_until is not None else float('inf')) - self.clock()
-            if remaining <= 0:
-                return
-            started = self.clock()
-            try:
-                task = client.get_task(handle, wait=int(min(self.plan.long_poll, remaining)))
-            except errors.ClientError as ex:
-                if not ex.retryable:
-                    self.ledger.resolve(call, Outcome.ERROR, f'{ex.reason} (task {handle.id})')
-                    return
-                failures += 1
-                if failures >= 5:
-                    reason = f'lost contact with task {handle.id}: {ex.reason}'
-                    self.ledger.resolve(call, Outcome.ERROR, reason)
-                    return
-                self.stop.wait(min(self.retry.backoff(failures, rng), remaining))
-                continue
-            failures = 0
-            if task.finished:
-                latency = self.clock() - call.started
-                self.ledger.resolve(call, outcome_of(task.state), task.error, latency=latency)
-                return
-            hint = task.poll_after if task.poll_after is not None else 1.0
-            self.stop.wait(min(max(0.0, hint - (self.clock() - started)), remaining))
-
-    def _cancel(self, client, call, handle):
-        try:
-            task = client.cancel(handle)
-        except errors.ClientError as ex:
-            reason = f'cancel failed: {ex.reason}; task {handle.id} may still run'
-            self.ledger.resolve(call, Outcome.ERROR, reason)
-            return
-        if task.finished:
-            reason = 'cancelled at the end of the load run' if task.state == State.CANCELLED else task.error
-            latency = self.clock() - call.started if task.state == State.SUCCEEDED else None
-            self.ledger.resolve(call, outcome_of(task.state), reason, latency=latency)
-        else:
-            self.ledger.resolve(call, Outcome.ERROR, f'task {handle.id} still {task.state} after cancel')
-
-    # --- the whole run -----------------------------------------------------------------------------------
+        return User(number, account, self.plan, source=self.source, ledger=self.ledger, stop=self.stop,
+                    clock=self.clock, end=self.end, drain_until=self.drain_until, connect=connect)
 
     def _find_source(self):
         if self.source or all(kind == 'rerank' for kind, weight in self.plan.mix if weight > 0):
             return
         token = self.plan.accounts[0].token
-        with Client(self.plan.url, token, timeout=(3.0, self.plan.http_timeout)) as client:
+        with self._client(token) as client:
             sources = client.sources()
         if not sources:
             raise ValueError('the server has no sources loaded; give --source or use only rerank calls')
@@ -557,7 +80,8 @@ class LoadGenerator:
         sampler_stop = threading.Event()
         sampler = None
         if plan.staff_token:
-            sampler = _Sampler(plan.url, plan.staff_token, plan.sample_interval, sampler_stop)
+            sampler = Sampler(Client(plan.url, plan.staff_token, timeout=(1.0, 2.0), pool_size=2),
+                              plan.sample_interval, sampler_stop)
         started = self.clock()
         self.end = started + plan.seconds
         self.drain_until = self.end + plan.drain_seconds
@@ -565,9 +89,8 @@ class LoadGenerator:
             sampler.thread.start()
         try:
             for number in range(plan.users):
-                account = plan.accounts[number % len(plan.accounts)]
-                thread = threading.Thread(target=self._user, args=(number, account),
-                                          name=f'heavy-lanes-load-user-{number}', daemon=True)
+                thread = threading.Thread(target=self._user(number).run, daemon=True,
+                                          name=f'heavy-lanes-load-user-{number}')
                 self.threads.append(thread)
                 thread.start()
             try:
@@ -596,23 +119,17 @@ class LoadGenerator:
         clients = {}
         try:
             for call in open_calls:
-                account = self.plan.accounts[call.user % len(self.plan.accounts)]
+                account = self._account(call.user)
                 client = clients.get(account.token)
                 if client is None:
-                    client = clients[account.token] = Client(self.plan.url, account.token,
-                                                             timeout=(3.0, self.plan.http_timeout))
-                self._cancel(client, call, call.handle)
+                    client = clients[account.token] = self._client(account.token)
+                cancel(client, self.ledger, call, call.handle, self.clock)
         finally:
             for client in clients.values():
                 client.close()
 
     def _report(self, started, sampler):
         calls = self.ledger.results()
-        tiers = sorted({call.tier for call in calls}, key=lambda tier: TIERS.index(tier))
-        kinds = [kind for kind in KINDS if any(call.kind == kind for call in calls)]
-        by_tier = tuple(_group(tier, [call for call in calls if call.tier == tier]) for tier in tiers)
-        by_tier += (_group('all', list(calls)),)
-        by_kind = tuple(_group(kind, [call for call in calls if call.kind == kind]) for kind in kinds)
         client_lanes = tuple(LaneMax(lane, count, None)
                              for lane, count in sorted(self.ledger.lane_maxima().items()))
         server_lanes = queue_depths = ()
@@ -623,70 +140,8 @@ class LoadGenerator:
                                  for queue, (value, pool) in sampler.depths.items())
         return LoadReport(
             url=self.plan.url, users=self.plan.users, seconds=self.plan.seconds,
-            wall_seconds=round(self.clock() - started, 3), calls=calls, by_tier=by_tier, by_kind=by_kind,
-            server_lanes=server_lanes, client_lanes=client_lanes, queue_depths=queue_depths,
-            samples=sampler.samples if sampler else 0, sample_errors=sampler.errors if sampler else 0,
-            sample_note=self._sample_note(sampler), interrupted=self.interrupted)
-
-    @staticmethod
-    def _sample_note(sampler):
-        if sampler is None:
-            return None
-        notes = [sampler.note] if sampler.note else []
-        if sampler.errors:
-            notes.append(f'{sampler.errors} samples failed (last: {sampler.last_error})')
-        return '; '.join(notes) or None
-
-
-def _seconds(value):
-    return '-' if value is None else f'{value:.2f}'
-
-
-def _group_rows(groups):
-    rows = []
-    for group in groups:
-        counts = [group.count(outcome) for outcome in (
-            Outcome.REFUSED, Outcome.RATE_LIMITED, Outcome.SUCCEEDED, Outcome.FAILED, Outcome.EXPIRED,
-            Outcome.CANCELLED, Outcome.ERROR, 'unaccounted')]
-        times = [_seconds(value) for value in (group.p50, group.p90, group.p99, group.max)]
-        rows.append([group.name, group.calls, group.admitted, group.shadow_refused, *counts, *times])
-    return rows
-
-
-HEADERS = ['', 'calls', 'admitted', 'shadow-ref', 'refused', 'rate-ltd', 'completed', 'failed', 'expired',
-           'cancelled', 'errors', 'lost', 'p50 s', 'p90 s', 'p99 s', 'max s']
-
-
-def format_load_report(report):
-    interrupted = ' - interrupted' if report.interrupted else ''
-    lines = [(f'Load: {report.users} users for {report.seconds:g} s against {report.url} '
-              f'(wall {report.wall_seconds:.1f} s){interrupted}'), '']
-    lines.append(table(_group_rows(report.by_tier), ['tier', *HEADERS[1:]]))
-    lines.append('')
-    if report.by_kind:
-        lines.append(table(_group_rows(report.by_kind), ['kind', *HEADERS[1:]]))
-        lines.append('')
-    lines.append('Latency: first send to final state, completed (succeeded) calls. "completed" = succeeded; '
-                 '"lost" = unaccounted.')
-    if report.server_lanes:
-        lanes = ', '.join(f'{lane.lane} {lane.max_in_flight}'
-                          + (f'/{lane.limit}' if lane.limit is not None else '')
-                          for lane in report.server_lanes)
-        lines.append(f'Largest in flight per lane (server, {report.samples} samples): {lanes}')
-    if report.queue_depths:
-        depths = ', '.join(f'{queue.lane} {queue.max_in_flight}' for queue in report.queue_depths)
-        lines.append(f'Largest queue depth: {depths}')
-    if report.sample_note:
-        lines.append(f'Sampling: {report.sample_note}')
-    if report.client_lanes:
-        lanes = ', '.join(f'{lane.lane} {lane.max_in_flight}' for lane in report.client_lanes)
-        lines.append(f'Largest in flight per queue (these users\' open tasks): {lanes}')
-    outcomes = Counter(call.outcome for call in report.calls)
-    parts = ' + '.join(f'{outcomes.get(outcome, 0)} {outcome.replace("_", " ")}' for outcome in Outcome.ALL)
-    verdict = 'none lost' if report.ok else f'{report.unaccounted} UNACCOUNTED'
-    lines.append(f'Accounting: {len(report.calls)} calls = {parts}; {verdict}')
-    for call in report.calls:
-        if call.outcome is None:
-            task = call.task_id or '-'
-            lines.append(f'  unaccounted: call {call.number} ({call.tier}, {call.kind}, task {task})')
-    return '\n'.join(lines)
+            wall_seconds=round(self.clock() - started, 3), calls=calls, by_tier=by_tier(calls),
+            by_kind=by_kind(calls), server_lanes=server_lanes, client_lanes=client_lanes,
+            queue_depths=queue_depths, samples=sampler.samples if sampler else 0,
+            sample_errors=sampler.errors if sampler else 0,
+            sample_note=sampler.report_note() if sampler else None, interrupted=self.interrupted)

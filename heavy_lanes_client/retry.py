@@ -6,8 +6,12 @@ exponentially with jitter (honouring a Retry-After when the 5xx has one). Every 
 Idempotency-Key, so a call the server did take before the connection dropped is answered with its handle,
 not run twice. A call stops after `max_attempts` sends or when the next wait would take its total waiting
 past `max_wait_seconds`: then GaveUp.
+
+A Holdback makes one call's 429 hold back the others that share it (a run's calls): none is sent before
+the refused call's wait is over, so one refusal does not set off a burst of them.
 """
 import random
+import threading
 from dataclasses import dataclass
 
 from heavy_lanes_client import errors
@@ -55,6 +59,30 @@ class RetryPolicy:
         if error.retry_after is not None:
             wait = max(wait, error.retry_after)
         return min(wait, self.max_delay_seconds)
+
+
+class Holdback:
+    """The latest time (on `clock`, in seconds) before which no call may be sent. Thread-safe."""
+
+    def __init__(self, clock):
+        self.clock = clock
+        self._until = 0.0
+        self._lock = threading.Lock()
+
+    def hold(self, seconds):
+        """A call was told to wait `seconds`: send nothing before then. Returns that time."""
+        with self._lock:
+            until = self.clock() + seconds
+            self._until = max(self._until, until)
+            return until
+
+    def pause(self, own_until=0.0):
+        """Seconds to wait before a send; 0 when nothing holds it back, or when the hold is no later than
+        `own_until` (the caller's own, which it has waited out)."""
+        with self._lock:
+            until = self._until
+        pause = until - self.clock()
+        return 0.0 if pause <= 0 or until <= own_until else pause
 
 
 def call_with_retries(send, policy, *, wait, rng=random, before_attempt=None, on_error=None):

@@ -1,5 +1,7 @@
 """Rows in and outcomes out: read rows from a string, a file or the built-in phrases; write results.
 
+A row is a string (its name) or a dict with a "name"; `as_rows` gives them the API's shape.
+
 Input files, by extension:
 - `.csv` / `.tsv`: a header row with a `name` column keeps every column in the row sent (so an `id`
   column comes back in each result's `row`); without one, each line's first cell is the name.
@@ -13,6 +15,11 @@ from dataclasses import asdict
 from pathlib import Path
 
 from heavy_lanes_client.phrases import PHRASES
+
+
+def as_rows(rows):
+    """Rows as the API takes them: a string becomes {"name": string}; a dict is copied as it is."""
+    return [{'name': row} if isinstance(row, str) else dict(row) for row in rows]
 
 
 def parse_rows_arg(text):

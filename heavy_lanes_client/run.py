@@ -24,21 +24,26 @@ How it behaves:
 - Ctrl-C (KeyboardInterrupt in execute()) or `cancel()`: no more sends, DELETE for every task still in
   flight, rows of cancelled tasks fail as "cancelled". After Ctrl-C execute() raises RunInterrupted with
   the report; after cancel() from another thread it returns the report with `interrupted` set.
+
+This module holds the orchestration: slots, a thread per call, polling, cancel. What a batch is and what
+its rows became is the job's (jobs), sending one call with its retries the Sender's (sender), and the
+counts and the report the Tally's (tally).
 """
 import random
 import threading
 import time
 import uuid
-from collections import Counter
 from dataclasses import dataclass
 
 from heavy_lanes_client import errors
 from heavy_lanes_client.concurrency import AdaptiveLimit
-from heavy_lanes_client.models import MATCH, RERANK, RowOutcome, RowStatus, RunReport, State, Summary
+from heavy_lanes_client.jobs import MatchJob, RerankJob
+from heavy_lanes_client.models import RowStatus, State
 from heavy_lanes_client.progress import Snapshot
-from heavy_lanes_client.retry import RetryPolicy, Stopped, call_with_retries
+from heavy_lanes_client.retry import RetryPolicy, Stopped
+from heavy_lanes_client.sender import Sender
+from heavy_lanes_client.tally import Tally
 
-MAX_BATCH = 1000  # rows per call the API accepts
 MAX_RUN_ID = 200  # the key `hl-<run_id>-<batch>` must stay within the API's 255 characters
 INTERRUPTED = 'run interrupted'
 
@@ -48,135 +53,6 @@ class PollPolicy:
     long_poll_seconds: int = 20          # ?wait=N per poll (the server caps it)
     task_timeout_seconds: float = 1800.0  # then the task is cancelled and its rows fail
     max_poll_errors: int = 8             # transient poll failures in a row before giving up on a task
-
-
-@dataclass(frozen=True)
-class Batch:
-    """One call of a run: its number, the input index of its first item, and its items."""
-
-    index: int
-    start: int
-    items: tuple
-
-
-def _row_name(row):
-    return row if isinstance(row, str) else str(row.get('name', ''))
-
-
-def _failed(batch, names, reason, key, task_id=None):
-    return [RowOutcome(index=batch.start + i, name=name, status=RowStatus.FAILED, reason=reason,
-                       task_id=task_id, idempotency_key=key, batch=batch.index)
-            for i, name in enumerate(names)]
-
-
-def _task_failure(task):
-    """Why a task that did not succeed failed its rows: its final state and the server's error."""
-    return f'task {task.state}' + (f': {task.error}' if task.error else '')
-
-
-class MatchJob:
-    """`$match` for many rows, `batch_size` rows per call."""
-
-    endpoint = MATCH
-    # 400s about these fields concern every batch: stop the run.
-    shared_fields = frozenset({'target_repo_url', 'limit', 'non_field_errors'})
-
-    def __init__(self, rows, source, *, semantic=True, reranker=False, limit=5, batch_size=25):
-        if not 1 <= batch_size <= MAX_BATCH:
-            raise ValueError(f'batch_size must be 1..{MAX_BATCH}')
-        self.rows = [{'name': row} if isinstance(row, str) else dict(row) for row in rows]
-        if not self.rows:
-            raise ValueError('no rows to match')
-        self.source = source
-        self.semantic = semantic
-        self.reranker = reranker
-        self.limit = limit
-        self.batch_size = batch_size
-        flags = [flag for flag, on in (('semantic', semantic), ('reranker', reranker)) if on] or ['lexical']
-        self.label = f'$match ({"+".join(flags)})'
-
-    def batches(self):
-        size = self.batch_size
-        return [Batch(number, start, tuple(self.rows[start:start + size]))
-                for number, start in enumerate(range(0, len(self.rows), size))]
-
-    def names(self, batch):
-        return [_row_name(row) for row in batch.items]
-
-    def submit(self, client, batch, key, metadata):
-        return client.submit_match(list(batch.items), self.source, semantic=self.semantic,
-                                   reranker=self.reranker, limit=self.limit, idempotency_key=key,
-                                   metadata=metadata)
-
-    def outcomes(self, batch, task, key):
-        names = self.names(batch)
-        if task.state != State.SUCCEEDED:
-            return _failed(batch, names, _task_failure(task), key, task.id)
-        results = task.result.get('results') if isinstance(task.result, dict) else None
-        if not isinstance(results, list):
-            return _failed(batch, names, 'task succeeded but its result has no "results" list', key, task.id)
-        out = []
-        for i, name in enumerate(names):
-            entry = results[i] if i < len(results) else None
-            candidates = entry.get('candidates') if isinstance(entry, dict) else None
-            common = {'index': batch.start + i, 'name': name, 'task_id': task.id, 'idempotency_key': key,
-                      'batch': batch.index}
-            if not isinstance(candidates, list):
-                out.append(RowOutcome(status=RowStatus.FAILED,
-                                      reason='the task result has no entry for this row', **common))
-            elif candidates:
-                out.append(RowOutcome(status=RowStatus.MATCHED, top=candidates[0],
-                                      candidates=tuple(candidates), **common))
-            else:
-                out.append(RowOutcome(status=RowStatus.NO_MATCH, **common))
-        return out
-
-
-class RerankJob:
-    """`$rerank`: one call per query, each scoring the same candidate rows."""
-
-    endpoint = RERANK
-    shared_fields = frozenset({'rows', 'non_field_errors'})
-
-    def __init__(self, queries, candidates):
-        self.queries = [str(query) for query in queries]
-        self.candidates = [{'name': row} if isinstance(row, str) else dict(row) for row in candidates]
-        if not self.queries:
-            raise ValueError('no queries to rerank for')
-        if not 1 <= len(self.candidates) <= MAX_BATCH:
-            raise ValueError(f'give 1..{MAX_BATCH} candidate rows')
-        self.label = '$rerank'
-
-    def batches(self):
-        return [Batch(number, number, (query,)) for number, query in enumerate(self.queries)]
-
-    def names(self, batch):
-        return list(batch.items)
-
-    def submit(self, client, batch, key, metadata):
-        return client.submit_rerank(batch.items[0], self.candidates, idempotency_key=key, metadata=metadata)
-
-    def outcomes(self, batch, task, key):
-        names = self.names(batch)
-        if task.state != State.SUCCEEDED:
-            return _failed(batch, names, _task_failure(task), key, task.id)
-        rows = task.result.get('rows') if isinstance(task.result, dict) else None
-        if not isinstance(rows, list):
-            return _failed(batch, names, 'task succeeded but its result has no "rows" list', key, task.id)
-        common = {'index': batch.start, 'name': names[0], 'task_id': task.id, 'idempotency_key': key,
-                  'batch': batch.index}
-        if not rows:
-            return [RowOutcome(status=RowStatus.NO_MATCH, **common)]
-        return [RowOutcome(status=RowStatus.MATCHED, top=rows[0], candidates=tuple(rows), **common)]
-
-
-def is_fatal(job, error):
-    """Whether a rejection concerns every batch of the run (so sending the others is pointless)."""
-    if isinstance(error, errors.IdempotencyConflict):
-        return False
-    if isinstance(error, errors.InvalidRequest) and error.fields:
-        return bool(set(error.fields) & job.shared_fields)
-    return True
 
 
 class Run:
@@ -205,16 +81,13 @@ class Run:
         self._stop = threading.Event()
         self._cancelled = threading.Event()  # set when cancel() has dealt with every task it took
         self._lock = threading.Lock()
-        self._outcomes = {}          # batch index -> [RowOutcome]
+        self._tally = Tally(clock)
         self._open = {}              # batch index -> Handle whose task has not ended
         self._cancel_owned = set()   # batches whose tasks cancel() took over
         self._dispatched = set()
-        self._waiting = set()        # batches waiting out a 429
-        self._not_before = 0.0       # no send before this clock time (a 429 said so)
-        self._counts = Counter()
-        self._rows = Counter()
-        self._capacity_wait = 0.0
         self._fatal = None
+        self._sender = Sender(client, job, self.retry, tally=self._tally, limit=self._limit, stop=self._stop,
+                              sleep=self._sleep, rng=self.rng, clock=clock, run_id=self.run_id)
         self._threads = []
         self._interrupted = False
         self._executed = False
@@ -316,12 +189,12 @@ class Run:
 
     def _process(self, batch):
         key = self.key_for(batch)
-        names = self.job.names(batch)
         handle = None
         try:
-            handle = self._submit(batch, key)
-            if handle.immediate is not None:
-                self._record(batch, self.job.outcomes(batch, handle.immediate, key), handle.immediate.state)
+            handle = self._sender.send(batch, key)
+            task = handle.immediate
+            if task is not None:
+                self._tally.record(batch, self.job.outcomes(batch, task, key), task.state)
                 return
             with self._lock:
                 stopping = self._stop.is_set()
@@ -344,25 +217,26 @@ class Run:
                     f'({task.state})')
                 self._cancel_and_record(batch, handle, why)
                 return
-            self._record(batch, self.job.outcomes(batch, task, key), task.state)
+            self._tally.record(batch, self.job.outcomes(batch, task, key), task.state)
         except Stopped as ex:
             reason = (f'{INTERRUPTED} while resending a call the server may have taken '
                       f'(Idempotency-Key {key})' if ex.uncertain else f'not submitted: {INTERRUPTED}')
-            self._record(batch, _failed(batch, names, reason, key))
+            self._tally.record(batch, self.job.failed(batch, reason, key))
         except errors.ClientError as ex:
             if self._owned_by_cancel(batch):
                 return
-            if isinstance(ex, errors.RequestRejected) and handle is None and is_fatal(self.job, ex):
+            if isinstance(ex, errors.RequestRejected) and handle is None and self.job.is_fatal(ex):
                 with self._lock:
                     self._fatal = self._fatal or ex
             task_id = handle.id if handle is not None else None
             reason = ex.reason if task_id is None else f'{ex.reason} (task {task_id})'
-            self._record(batch, _failed(batch, names, reason, key, task_id))
+            self._tally.record(batch, self.job.failed(batch, reason, key, task_id))
         except Exception as ex:  # noqa: BLE001 - a client bug still accounts for the rows
             if self._owned_by_cancel(batch):
                 return
-            self._record(batch, _failed(batch, names, f'client error: {type(ex).__name__}: {ex}', key,
-                                        handle.id if handle is not None else None))
+            reason = f'client error: {type(ex).__name__}: {ex}'
+            task_id = handle.id if handle is not None else None
+            self._tally.record(batch, self.job.failed(batch, reason, key, task_id))
         finally:
             with self._lock:
                 if batch.index not in self._cancel_owned:
@@ -373,114 +247,27 @@ class Run:
         with self._lock:
             return batch.index in self._cancel_owned
 
-    def _submit(self, batch, key):
-        own_until = [0.0]
-        uncertain = [False]  # an earlier send got no answer (or a 5xx other than 503): it may have been taken
-        metadata = {'automatch_run_id': self.run_id[:20]}
-
-        def before_attempt():
-            if self._stop.is_set():
-                raise Stopped(uncertain[0])
-            with self._lock:
-                until = self._not_before
-            pause = until - self.clock()
-            if pause <= 0 or until <= own_until[0]:
-                return 0.0
-            self._wait_for_capacity(batch, pause)
-            return pause
-
-        def send(attempt):
-            with self._lock:
-                self._counts['submissions'] += 1
-            handle = self.job.submit(self.client, batch, key, metadata)
-            capacity = handle.capacity
-            with self._lock:
-                self._counts['admitted'] += 1
-                if capacity.decision == 'shadow-refused':
-                    self._counts['shadow_refused'] += 1
-            if capacity.suggested is not None:
-                self._limit.set(capacity.suggested)
-            elif not capacity.counted and attempt == 1:
-                self._limit.set(self.max_concurrency)  # the server is not counting this kind of call
-            return handle
-
-        def on_error(error, delay):
-            kind = ('refused_capacity' if isinstance(error, errors.CapacityRefused) else
-                    'rate_limited' if isinstance(error, errors.RateLimited) else
-                    'connection_errors' if isinstance(error, errors.TransportError) else
-                    'server_errors' if isinstance(error, errors.ServerError) else 'rejected')
-            if isinstance(error, errors.TransportError) or (isinstance(error, errors.ServerError)
-                                                             and error.status != 503):
-                uncertain[0] = True
-            with self._lock:
-                self._counts[kind] += 1
-                if delay is not None and isinstance(error, errors.Refused):
-                    own_until[0] = self.clock() + delay
-                    self._not_before = max(self._not_before, own_until[0])
-            if error.capacity is not None and error.capacity.suggested is not None:
-                self._limit.set(error.capacity.suggested)
-
-        def wait(delay, error):
-            if isinstance(error, errors.Refused):
-                return self._wait_for_capacity(batch, delay, raise_on_stop=False)
-            return self._sleep(delay, self._stop)
-
-        try:
-            return call_with_retries(send, self.retry, wait=wait, rng=self.rng, before_attempt=before_attempt,
-                                     on_error=on_error)
-        except Stopped:
-            raise Stopped(uncertain[0]) from None
-
-    def _wait_for_capacity(self, batch, seconds, raise_on_stop=True):
-        with self._lock:
-            self._waiting.add(batch.index)
-        started = self.clock()
-        try:
-            stopped = self._sleep(seconds, self._stop)
-        finally:
-            with self._lock:
-                self._waiting.discard(batch.index)
-                self._capacity_wait += self.clock() - started
-        if stopped and raise_on_stop:
-            raise Stopped()
-        return stopped
-
     def _cancel_and_record(self, batch, handle, why):
         key = handle.idempotency_key
-        names = self.job.names(batch)
         try:
             task = self.client.cancel(handle)
         except errors.ClientError as ex:
             reason = f'{why}; cancel failed ({ex.reason}); task {handle.id} may still run'
-            self._record(batch, _failed(batch, names, reason, key, handle.id))
+            self._tally.record(batch, self.job.failed(batch, reason, key, handle.id))
             return
         if task.state == State.CANCELLED:
-            self._record(batch, _failed(batch, names, f'cancelled: {why}', key, handle.id), task.state)
+            self._tally.record(batch, self.job.failed(batch, f'cancelled: {why}', key, handle.id), task.state)
         elif task.finished:  # it ended before the cancel arrived: report what it did
-            self._record(batch, self.job.outcomes(batch, task, key), task.state)
+            self._tally.record(batch, self.job.outcomes(batch, task, key), task.state)
         else:
             reason = f'{why}; task {handle.id} still {task.state} after cancel'
-            self._record(batch, _failed(batch, names, reason, key, handle.id))
-
-    def _record(self, batch, outcomes, state=None):
-        """Keep the first outcome recorded for a batch; later ones (a race with cancel) are dropped."""
-        with self._lock:
-            if batch.index in self._outcomes:
-                return False
-            self._outcomes[batch.index] = outcomes
-            for outcome in outcomes:
-                self._rows[outcome.status] += 1
-            if state in (State.FAILED, State.EXPIRED, State.CANCELLED):
-                self._counts[f'tasks_{state}'] += 1
-            return True
+            self._tally.record(batch, self.job.failed(batch, reason, key, handle.id))
 
     # --- reporting -----------------------------------------------------------------------------------
 
     def snapshot(self):
         """The numbers the progress bar shows."""
-        with self._lock:
-            rows = dict(self._rows)
-            waiting = len(self._waiting)
+        rows, waiting = self._tally.progress()
         elapsed = self.clock() - self._started_at if self._started_at is not None else 0.0
         return Snapshot(total=self.total_rows, matched=rows.get(RowStatus.MATCHED, 0),
                         no_match=rows.get(RowStatus.NO_MATCH, 0), failed=rows.get(RowStatus.FAILED, 0),
@@ -495,26 +282,8 @@ class Run:
         return f'not submitted: {INTERRUPTED}'
 
     def _report(self):
-        with self._lock:
-            recorded = dict(self._outcomes)
-            counts = Counter(self._counts)
-            capacity_wait = self._capacity_wait
-        outcomes = []
-        for batch in self._batches:
-            got = recorded.get(batch.index)
-            if got is None:
-                got = _failed(batch, self.job.names(batch), self._unrecorded_reason(batch),
-                              self.key_for(batch))
-            outcomes.extend(got)
-        statuses = Counter(outcome.status for outcome in outcomes)
-        counted = ('submissions', 'admitted', 'shadow_refused', 'refused_capacity', 'rate_limited',
-                   'server_errors', 'connection_errors', 'rejected', 'tasks_failed', 'tasks_expired',
-                   'tasks_cancelled')
-        summary = Summary(
-            endpoint=self.job.endpoint, rows=len(outcomes), matched=statuses[RowStatus.MATCHED],
-            no_match=statuses[RowStatus.NO_MATCH], failed=statuses[RowStatus.FAILED],
-            batches=len(self._batches), max_in_flight=self._limit.max_held,
-            capacity_wait_seconds=round(capacity_wait, 3),
-            wall_seconds=round(self.clock() - self._started_at, 3), interrupted=self._interrupted,
-            **{name: counts[name] for name in counted})
-        return RunReport(summary=summary, outcomes=tuple(outcomes))
+        return self._tally.report(
+            self.job, self._batches,
+            lambda batch: self.job.failed(batch, self._unrecorded_reason(batch), self.key_for(batch)),
+            max_in_flight=self._limit.max_held, wall_seconds=round(self.clock() - self._started_at, 3),
+            interrupted=self._interrupted)

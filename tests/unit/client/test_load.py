@@ -3,20 +3,10 @@ import io
 import json
 from collections import Counter
 
-import pytest
-
 from heavy_lanes_client.cli import main
-from heavy_lanes_client.load import (
-    Account,
-    LoadGenerator,
-    LoadPlan,
-    format_load_report,
-    parse_mix,
-    parse_token_arg,
-    percentile,
-    read_accounts,
-    require_loopback,
-)
+from heavy_lanes_client.load import LoadGenerator
+from heavy_lanes_client.load_plan import Account, LoadPlan
+from heavy_lanes_client.load_report import format_load_report
 from tests.unit.client.fake_api import Trickle
 
 SOURCE = '/orgs/HPO/sources/HPO/'
@@ -97,34 +87,3 @@ def test_the_load_command_writes_a_json_report(api, tmp_path):
     written = json.loads(report_file.read_text())
     assert written['calls'] and {call['kind'] for call in written['calls']} <= {'rerank', 'bulk-rerank'}
     assert all(call['outcome'] == 'succeeded' for call in written['calls'])
-
-
-def test_only_loopback_addresses_are_load_tested():
-    for url in ('http://127.0.0.1:8000', 'http://127.1.2.3', 'http://localhost:8000/', 'http://[::1]:8000'):
-        assert require_loopback(url) == url
-    for url in ('http://10.0.0.5:8000', 'http://192.168.1.2', 'https://example.org', 'ftp://127.0.0.1'):
-        with pytest.raises(ValueError):
-            require_loopback(url)
-    with pytest.raises(SystemExit) as ex:
-        main(['load', '--url', 'http://10.0.0.5:8000', '--token', 'core:x'], out=io.StringIO(),
-             err=io.StringIO())
-    assert ex.value.code == 2
-
-
-def test_tokens_tiers_and_mix_are_checked(tmp_path):
-    path = tmp_path / 'tokens.json'
-    path.write_text(json.dumps({'tokens': [{'token': 'a', 'tier': 'core'},
-                                           {'token': 'b', 'tier': 'preview'}]}))
-    assert read_accounts(path) == [Account('core', 'a'), Account('preview', 'b')]
-    assert parse_token_arg('early_access:k:with:colons') == Account('early_access', 'k:with:colons')
-    with pytest.raises(ValueError):
-        parse_token_arg('gold:abc')
-    with pytest.raises(ValueError):
-        parse_mix('single=1,huge=2')
-    assert parse_mix('single=2,rerank=0') == (('single', 2.0), ('rerank', 0.0))
-
-
-def test_percentiles_are_nearest_rank():
-    values = list(range(1, 101))
-    assert (percentile(values, 0.5), percentile(values, 0.9), percentile(values, 0.99)) == (50, 90, 99)
-    assert percentile([3.0], 0.99) == 3.0 and percentile([], 0.5) is None
