@@ -26,7 +26,6 @@ process groups while it runs), demo-tokens.json, flower-credentials.json, log/, 
 """
 import argparse
 import base64
-import ctypes
 import fcntl
 import json
 import os
@@ -34,23 +33,18 @@ import secrets
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
-from collections import deque
 from pathlib import Path
+
+from devstack.processes import Child, free_port, http_get, port_in_use, stop_children, tail
 
 ROOT = Path(__file__).resolve().parent.parent
 LANE_QUEUES = ('interactive', 'es2_knn', 'api_heavy')  # workers.lanes.LANES, without importing Django
-STOP_SECONDS = 10  # per stage; a worker's warm shutdown waits for its running call up to this
 READY_SECONDS = 90
-TAIL_LINES = 30
 TERMINOLOGY = 'hpo'
 DEFAULT_SOURCE = '/orgs/HPO/sources/HPO/'
-PR_SET_PDEATHSIG = 1
 
 
 class Stop(Exception):
@@ -65,22 +59,6 @@ def var_dir():
     return Path(os.environ.get('HEAVY_LANES_VAR_DIR') or ROOT / 'var').resolve()
 
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(('127.0.0.1', 0))
-        return sock.getsockname()[1]
-
-
-def port_in_use(port):
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(('127.0.0.1', port))
-        except OSError:
-            return True
-    return False
-
-
 def env_port(name, default):
     raw = os.environ.get(name) or str(default)
     try:
@@ -90,26 +68,6 @@ def env_port(name, default):
     if not 0 < port < 65536:
         raise Stop(f'{name}={port} is not a port number.', 2)
     return port
-
-
-def _die_with_launcher(launcher_pid):
-    """preexec_fn: the child gets SIGTERM if the launcher dies without stopping it (even by SIGKILL)."""
-    def setup():
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        except (AttributeError, OSError):
-            return
-        if os.getppid() != launcher_pid:  # the launcher died between fork and prctl
-            os.kill(os.getpid(), signal.SIGTERM)
-    return setup
-
-
-def tail(path, lines=TAIL_LINES):
-    try:
-        with open(path, errors='replace') as handle:
-            return ''.join(deque(handle, maxlen=lines))
-    except OSError:
-        return ''
 
 
 def read_private(path):
@@ -137,86 +95,6 @@ def masked(url):
         return url
     netloc = parts.netloc.replace(f':{parts.password}@', ':***@', 1)
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
-
-
-def http_get(url, headers=None, timeout=2.0):
-    """(status, body bytes) of a GET; status 0 when nothing answered."""
-    request = urllib.request.Request(url, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as ex:
-        return ex.code, b''
-    except (OSError, ValueError):
-        return 0, b''
-
-
-class Child:
-    """One process the launcher started, the leader of its own process group."""
-
-    def __init__(self, name, argv, log_path, *, ready=None, env=None, one_shot=False,
-                 stop_signal=signal.SIGTERM):
-        self.name = name
-        self.one_shot = one_shot  # expected to exit on its own (the index warm-up)
-        self.argv = argv
-        self.log_path = log_path
-        self.extra_env = env or {}  # on top of the launcher's; kept out of argv, which `ps` shows
-        self.ready = ready or (lambda: True)  # () -> bool, polled until True
-        self.stop_signal = stop_signal
-        self.process = None
-        self.is_ready = False
-
-    def start(self, env, launcher_pid):
-        if self.log_path.exists():
-            os.replace(self.log_path, self.log_path.with_name(self.log_path.name + '.1'))
-        with open(self.log_path, 'wb') as log:
-            self.process = subprocess.Popen(
-                self.argv, cwd=ROOT, env={**env, **self.extra_env}, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, process_group=0,
-                preexec_fn=_die_with_launcher(launcher_pid))  # noqa: PLW1509 - the launcher has no threads
-        return self
-
-    @property
-    def pid(self):
-        return self.process.pid
-
-    def running(self):
-        return self.process is not None and self.process.poll() is None
-
-    def signal_group(self, sig):
-        try:
-            os.killpg(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def group_alive(self):
-        """Whether any process is left in this child's group (its pool processes, gunicorn's workers)."""
-        try:
-            os.killpg(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return any(_pgid_of(pid) == self.pid for pid in _pids())
-
-    def check_ready(self):
-        if not self.is_ready and self.running():
-            self.is_ready = bool(self.ready())
-        return self.is_ready
-
-
-def _pids():
-    return [int(entry) for entry in os.listdir('/proc') if entry.isdigit()]
-
-
-def _pgid_of(pid):
-    """The process group of a live (not zombie) process, or None."""
-    try:
-        with open(f'/proc/{pid}/stat') as handle:
-            fields = handle.read().rsplit(')', 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return None if fields[0] in ('Z', 'X') else int(fields[2])
 
 
 class Launcher:
@@ -584,32 +462,6 @@ class Launcher:
 
     def stop_children(self, children):
         stop_children(children, say=self.say, hurry=lambda: self.hurry)
-
-
-def stop_children(children, seconds=STOP_SECONDS, say=None, hurry=lambda: False):
-    """Stop each child's process group: its stop signal, `seconds` to exit, then SIGKILL, and then
-    SIGKILL for anything left in the groups (a pool process, a gunicorn worker). `say` reports a kill;
-    once `hurry()` is true (a second Ctrl-C) nothing waits and nothing is reported."""
-    for child in children:
-        if child.running():
-            child.signal_group(child.stop_signal)
-    deadline = time.monotonic() + seconds
-    while any(child.running() for child in children) and time.monotonic() < deadline and not hurry():
-        time.sleep(0.05)
-    for child in children:
-        if child.running():
-            if say is not None and not hurry():
-                say(f'{child.name} did not stop in {seconds} s: killed.')
-            child.signal_group(signal.SIGKILL)
-            try:
-                child.process.wait(5)
-            except subprocess.TimeoutExpired:
-                pass
-    deadline = time.monotonic() + 5
-    for child in children:
-        while child.group_alive() and time.monotonic() < deadline:
-            child.signal_group(signal.SIGKILL)
-            time.sleep(0.05)
 
 
 def _exit_on_sigterm():

@@ -38,9 +38,9 @@ import time
 from collections import Counter, defaultdict
 
 from common import lane_limit, write
-from stack import HOME, Stack, _stop_children
+from stack import HOME, Stack
 
-from api.run import Child, free_port, tail  # noqa: E402
+from devstack.processes import Child, free_port, stop_children, tail
 
 SAMPLE_SECONDS = 0.05
 DEADLINE_SECONDS = 0.3
@@ -73,7 +73,7 @@ def start_broker():
                 return child, url
         except redis.RedisError:
             if time.monotonic() > deadline or not child.running():
-                _stop_children([child])
+                stop_children([child])
                 sys.exit(f'the broker redis-server did not start:\n{tail(child.log_path)}')
             time.sleep(0.05)
 
@@ -161,7 +161,7 @@ def main():
     try:
         result = run(args, broker_url)
     finally:
-        _stop_children([broker])
+        stop_children([broker])
     sys.exit(0 if result else 1)
 
 

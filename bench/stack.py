@@ -40,14 +40,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from api.run import Child, free_port, http_get, stop_children, tail  # noqa: E402  (no Django at import)
+from devstack.processes import Child, free_port, http_get, stop_children, tail  # noqa: E402  (no Django)
 
 HOME = ROOT / 'bench' / 'out' / 'stack'
 PG_ADMIN_URL = os.environ.get('BENCH_PG_ADMIN_URL', 'postgresql://postgres@127.0.0.1:5432/postgres')
 DB_NAME = os.environ.get('BENCH_DB_NAME', 'heavy_lanes_bench')
 QUEUES = ('interactive', 'es2_knn', 'api_heavy')
 SOURCES = {'hpo': '/orgs/HPO/sources/HPO/', 'tiny': '/orgs/HL/sources/TinyClinical/'}
-STOP_SECONDS = 10
 READY_SECONDS = 120
 CONFIG_SECONDS = 1  # CAPACITY_CONFIG_CACHE_SECONDS and WORKERS_RECONCILE_SECONDS of the stack
 
@@ -153,9 +152,9 @@ class Stack:
             return
         self._stopped = True
         others = [child for name, child in reversed(list(self.children.items())) if name != 'redis']
-        _stop_children(others)
+        stop_children(others)
         if 'redis' in self.children:
-            _stop_children([self.children['redis']])
+            stop_children([self.children['redis']])
         left = [child.name for child in self.children.values() if child.group_alive()]
         if left:
             print(f'[stack] could not stop: {", ".join(left)}', file=sys.stderr)
@@ -392,10 +391,6 @@ def lane_limits(pools):
     return changes
 
 
-def _stop_children(children):
-    stop_children(children, STOP_SECONDS)
-
-
 def with_redis(command):
     """Run `command` with `{redis}` replaced by the URL of a private redis-server; stop it after."""
     server = shutil.which('redis-server')
@@ -422,7 +417,7 @@ def with_redis(command):
         print('$', ' '.join(argv), flush=True)
         return subprocess.run(argv, check=False).returncode
     finally:
-        _stop_children([child])
+        stop_children([child])
 
 
 def main():
