@@ -1,4 +1,4 @@
-"""`python -m api.run` (what `make run` starts), end to end in a private VAR_DIR on free ports.
+"""`python -m devstack` (what `make run` starts), end to end in a private VAR_DIR on free ports.
 
 One test, two starts, because the second start is the point: the first creates the database, loads HPO and
 mints tokens with its own redis-server (when installed); the second reuses all of that with the embedded
@@ -64,7 +64,7 @@ def live_members(pgids):
 
 
 class Launch:
-    """One `python -m api.run`, its output in a file, and every process group it reported in run.json."""
+    """One `python -m devstack`, its output in a file, and every process group it reported in run.json."""
 
     def __init__(self, var_dir, out_path, **env):
         self.var_dir = var_dir
@@ -81,7 +81,7 @@ class Launch:
     def start(self):
         self.started = time.monotonic()
         with open(self.out_path, 'wb') as out:
-            self.process = subprocess.Popen([sys.executable, '-m', 'api.run'], cwd=ROOT, env=self.env,
+            self.process = subprocess.Popen([sys.executable, '-m', 'devstack'], cwd=ROOT, env=self.env,
                                             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                             start_new_session=True)
         self.pgids.add(self.process.pid)
