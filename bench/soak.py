@@ -41,6 +41,7 @@ from common import lane_limit, write
 from stack import HOME, Stack
 
 from devstack.processes import Child, free_port, stop_children, tail
+from workers.lanes import QUEUE_NAMES, QUEUES
 
 SAMPLE_SECONDS = 0.05
 DEADLINE_SECONDS = 0.3
@@ -50,7 +51,7 @@ LEASE_SECONDS = 15
 RENEW_SECONDS = 5
 WINDOW_MARGIN = 2.0
 FINAL = ('succeeded', 'failed', 'cancelled', 'expired')
-QUEUES = ('interactive', 'es2_knn', 'api_heavy')
+BULK_QUEUES = tuple(queue.name for queue in QUEUES if not queue.single_row)  # a node kill prefers these
 
 
 def start_broker():
@@ -80,11 +81,11 @@ def start_broker():
 
 def broker_depths(client):
     pipe = client.pipeline(transaction=False)
-    names = [(queue, name) for queue in QUEUES
+    names = [(queue, name) for queue in QUEUE_NAMES
              for name in [queue] + [f'{queue}\x06\x16{level}' for level in (0, 3, 6, 9)]]
     for _, name in names:
         pipe.llen(name)
-    depths = dict.fromkeys(QUEUES, 0)
+    depths = dict.fromkeys(QUEUE_NAMES, 0)
     for (queue, _), depth in zip(names, pipe.execute()):
         depths[queue] += depth
     unacked = client.hlen('unacked')
@@ -243,9 +244,9 @@ def run(args, broker_url):
         def elapsed():
             return round(time.monotonic() - t0, 3)
 
-        worker_pgids = lambda: {stack.children[f'worker-{q}'].pid: q for q in QUEUES}  # noqa: E731
+        worker_pgids = lambda: {stack.children[f'worker-{q}'].pid: q for q in QUEUE_NAMES}  # noqa: E731
 
-        def running_call(queues=QUEUES, timeout=8.0):
+        def running_call(queues=QUEUE_NAMES, timeout=8.0):
             """A running call on one of `queues` whose worker pid is in a stack worker's group."""
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
@@ -274,7 +275,7 @@ def run(args, broker_url):
 
         # Fault 2: SIGKILL a whole lane worker node (prefer one running a bulk call), start it again.
         at(0.40)
-        call, _ = running_call(('es2_knn', 'api_heavy'), timeout=5.0)
+        call, _ = running_call(BULK_QUEUES, timeout=5.0)
         queue = call.queue if call is not None else 'es2_knn'
         old = stack.children[f'worker-{queue}']
         running_there = list(HeavyCall.objects.filter(state='running', lane=queue).values_list('id', flat=True))

@@ -41,11 +41,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from devstack.processes import Child, free_port, http_get, stop_children, tail  # noqa: E402  (no Django)
+from workers.lanes import QUEUE_NAMES  # noqa: E402  (the queue table, no Django)
 
 HOME = ROOT / 'bench' / 'out' / 'stack'
 PG_ADMIN_URL = os.environ.get('BENCH_PG_ADMIN_URL', 'postgresql://postgres@127.0.0.1:5432/postgres')
 DB_NAME = os.environ.get('BENCH_DB_NAME', 'heavy_lanes_bench')
-QUEUES = ('interactive', 'es2_knn', 'api_heavy')
 SOURCES = {'hpo': '/orgs/HPO/sources/HPO/', 'tiny': '/orgs/HL/sources/TinyClinical/'}
 READY_SECONDS = 120
 CONFIG_SECONDS = 1  # CAPACITY_CONFIG_CACHE_SECONDS and WORKERS_RECONCILE_SECONDS of the stack
@@ -71,7 +71,7 @@ class Stack:
         """`lanes`: {queue: pool size} of the lane workers to start (default: one worker per queue, pools
         from the default config); `config`: capacity config changes saved before anything starts."""
         self.api_workers = api_workers
-        self.lanes = dict(lanes) if lanes is not None else {queue: None for queue in QUEUES}
+        self.lanes = dict(lanes) if lanes is not None else {queue: None for queue in QUEUE_NAMES}
         self.terminology = terminology
         self.initial_config = config or {}
         self.extra_env = env or {}
@@ -220,11 +220,11 @@ class Stack:
     def queue_depths(self):
         """{queue: messages waiting in the broker}, over the plain list and every priority level."""
         pipe = self.redis.pipeline(transaction=False)
-        names = [(queue, name) for queue in QUEUES
+        names = [(queue, name) for queue in QUEUE_NAMES
                  for name in [queue] + [f'{queue}\x06\x16{level}' for level in (3, 6, 9)]]
         for _, name in names:
             pipe.llen(name)
-        depths = dict.fromkeys(QUEUES, 0)
+        depths = dict.fromkeys(QUEUE_NAMES, 0)
         for (queue, _), depth in zip(names, pipe.execute()):
             depths[queue] += depth
         return depths
@@ -234,7 +234,7 @@ class Stack:
         from django.conf import settings
         from django.db import connection
         if purge:
-            for queue in QUEUES:
+            for queue in QUEUE_NAMES:
                 for name in [queue] + [f'{queue}\x06\x16{level}' for level in (0, 3, 6, 9)]:
                     self.redis.delete(name)
         for key in self.redis.scan_iter(match='{' + settings.CAPACITY_KEY_PREFIX + '}:*', count=1000):

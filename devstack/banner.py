@@ -6,7 +6,7 @@ import socket
 from devstack.files import read_private
 from devstack.processes import http_get
 from devstack.redis_server import masked
-from devstack.services import LANE_QUEUES
+from workers.lanes import QUEUE_NAMES
 
 DEFAULT_SOURCE = '/orgs/HPO/sources/HPO/'
 
@@ -43,7 +43,7 @@ def banner(*, var, logs, api_url, flower_url, flower_auth, redis_url, redis_kind
         f'  Sources   {api_url}/sources/    {source_url}  {source_text}',
         f'  Flower    {flower_url}/    user {user}  password {password}',
         f'  Redis     {masked(redis_url)}  ({redis_kind})',
-        f'  Workers   {", ".join(f"{queue}@{hostname}" for queue in LANE_QUEUES)} '
+        f'  Workers   {", ".join(f"{queue}@{hostname}" for queue in QUEUE_NAMES)} '
         f'(pools sized from the capacity config)',
         f'  Logs      {logs}/',
         '',

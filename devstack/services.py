@@ -7,8 +7,7 @@ import sys
 
 from devstack.files import read_private, write_private
 from devstack.processes import Child, http_get, tail
-
-LANE_QUEUES = ('interactive', 'es2_knn', 'api_heavy')  # workers.lanes.LANES, without importing Django
+from workers.lanes import QUEUE_NAMES  # the queue table: pure Python, no Django
 
 
 def api(port, logs):
@@ -33,7 +32,7 @@ def lane_worker(queue, logs):
 
 
 def lane_workers(logs):
-    return [lane_worker(queue, logs) for queue in LANE_QUEUES]
+    return [lane_worker(queue, logs) for queue in QUEUE_NAMES]
 
 
 def flower(port, logs, auth):
