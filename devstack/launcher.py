@@ -197,6 +197,10 @@ class Launcher:
             raise Stop('HEAVY_LANES_RUN_REDIS=server but redis-server is not installed '
                        '(apt-get install -y redis-server).', 1)
         use_server = bool(server) and wanted != 'embedded'
+        missing = None if use_server else redis_server.embedded_missing()
+        if missing:
+            raise Stop(f'The embedded Redis needs {missing}, from requirements/dev.txt (make run installs '
+                       f'it); or install redis-server (apt-get install -y redis-server), or set REDIS_URL.', 1)
         self.redis_kind = 'redis-server' if use_server else 'embedded fakeredis'
         data_dir = self.var / 'redis'
         data_dir.mkdir(exist_ok=True)
