@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import signal
-import shutil
 import statistics
 import sys
 import threading
@@ -40,7 +39,8 @@ from collections import Counter, defaultdict
 from common import lane_limit, write
 from stack import HOME, Stack
 
-from devstack.processes import Child, free_port, stop_children, tail
+from devstack.processes import Child, stop_children, tail
+from devstack.redis_server import RedisStartError, start_redis
 from workers.lanes import QUEUE_NAMES, QUEUES
 
 SAMPLE_SECONDS = 0.05
@@ -56,27 +56,11 @@ BULK_QUEUES = tuple(queue.name for queue in QUEUES if not queue.single_row)  # a
 
 def start_broker():
     """A second private redis-server (broker + cache); returns (child, url)."""
-    server = shutil.which('redis-server')
-    if not server:
-        sys.exit('redis-server is not installed')
-    port = free_port()
-    url = f'redis://127.0.0.1:{port}/0'
     (HOME / 'log').mkdir(parents=True, exist_ok=True)
-    child = Child('broker-redis', [server, '--port', str(port), '--bind', '127.0.0.1', '--save', '',
-                                   '--appendonly', 'no', '--daemonize', 'no', '--logfile', ''],
-                  HOME / 'log' / 'broker-redis.log')
-    child.start(dict(os.environ), os.getpid())
-    import redis
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            if redis.Redis.from_url(url, socket_timeout=1).ping():
-                return child, url
-        except redis.RedisError:
-            if time.monotonic() > deadline or not child.running():
-                stop_children([child])
-                sys.exit(f'the broker redis-server did not start:\n{tail(child.log_path)}')
-            time.sleep(0.05)
+    try:
+        return start_redis(HOME / 'log' / 'broker-redis.log', name='broker-redis', parent_pid=os.getpid())
+    except RedisStartError as ex:
+        sys.exit(f'the broker Redis did not start: {ex}')
 
 
 def broker_depths(client):

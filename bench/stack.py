@@ -30,7 +30,6 @@ import atexit
 import fcntl
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -41,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from devstack.processes import Child, free_port, http_get, stop_children, tail  # noqa: E402  (no Django)
+from devstack.redis_server import RedisStartError, start_redis  # noqa: E402
 from workers.lanes import QUEUE_NAMES  # noqa: E402  (the queue table, no Django)
 
 HOME = ROOT / 'bench' / 'out' / 'stack'
@@ -275,27 +275,14 @@ class Stack:
         return child
 
     def _start_redis(self):
-        server = shutil.which('redis-server')
-        if not server:
-            raise StackError('redis-server is not installed (apt-get install -y redis-server)')
         self.port = free_port()
-        port = free_port()
-        self.redis_url = f'redis://127.0.0.1:{port}/0'
         data = HOME / 'redis'
         data.mkdir(exist_ok=True)
-        redis_child = self._start(Child('redis', [
-            server, '--port', str(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no',
-            '--dir', str(data), '--daemonize', 'no', '--logfile', ''], self.logs / 'redis.log'))
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and redis_child.running():
-            try:
-                if self.redis.ping():
-                    break
-            except Exception:  # noqa: BLE001 - not up yet
-                self._redis = None
-            time.sleep(0.05)
-        else:
-            raise StackError(f'redis-server did not start:\n{tail(redis_child.log_path)}')
+        try:
+            self.children['redis'], self.redis_url = start_redis(self.logs / 'redis.log', data_dir=data,
+                                                                 parent_pid=os.getpid())
+        except RedisStartError as ex:
+            raise StackError(str(ex)) from None
         self.var.mkdir(parents=True, exist_ok=True)
         self.env = {
             **{k: v for k, v in os.environ.items() if not k.startswith(('CELERY_', 'CAPACITY_', 'REDIS_'))},
@@ -393,26 +380,12 @@ def lane_limits(pools):
 
 def with_redis(command):
     """Run `command` with `{redis}` replaced by the URL of a private redis-server; stop it after."""
-    server = shutil.which('redis-server')
-    if not server:
-        sys.exit('redis-server is not installed (apt-get install -y redis-server)')
-    port = free_port()
-    url = f'redis://127.0.0.1:{port}/0'
     HOME.mkdir(parents=True, exist_ok=True)
-    child = Child('redis-only', [server, '--port', str(port), '--bind', '127.0.0.1', '--save', '', '--appendonly',
-                                 'no', '--daemonize', 'no', '--logfile', ''], HOME / 'redis-only.log')
-    child.start(dict(os.environ), os.getpid())
     try:
-        import redis
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                if redis.Redis.from_url(url).ping():
-                    break
-            except redis.RedisError:
-                if time.monotonic() > deadline or not child.running():
-                    sys.exit(f'redis-server did not start:\n{tail(child.log_path)}')
-                time.sleep(0.05)
+        child, url = start_redis(HOME / 'redis-only.log', name='redis-only', parent_pid=os.getpid())
+    except RedisStartError as ex:
+        sys.exit(str(ex))
+    try:
         argv = [part.replace('{redis}', url) for part in command]
         print('$', ' '.join(argv), flush=True)
         return subprocess.run(argv, check=False).returncode
