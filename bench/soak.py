@@ -234,7 +234,7 @@ def run(args, broker_url):
             """A running call on one of `queues` whose worker pid is in a stack worker's group."""
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
-                for call in HeavyCall.objects.filter(state='running', lane__in=queues).exclude(worker=''):
+                for call in HeavyCall.objects.filter(state='running', queue__in=queues).exclude(worker=''):
                     node, _, pid = call.worker.rpartition(' pid ')
                     try:
                         pid = int(pid)
@@ -262,7 +262,7 @@ def run(args, broker_url):
         call, _ = running_call(BULK_QUEUES, timeout=5.0)
         queue = call.queue if call is not None else 'es2_knn'
         old = stack.children[f'worker-{queue}']
-        running_there = list(HeavyCall.objects.filter(state='running', lane=queue).values_list('id', flat=True))
+        running_there = list(HeavyCall.objects.filter(state='running', queue=queue).values_list('id', flat=True))
         old.signal_group(signal.SIGKILL)
         killed_at = elapsed()
         old.process.wait(10)
