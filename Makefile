@@ -19,7 +19,7 @@ migrate: $(STAMP)
 	$(PY) manage.py migrate --noinput
 
 run: $(STAMP)
-	$(PY) -m api.run
+	$(PY) -m devstack
 
 # Two passes: everything on SQLite, then the PostgreSQL-only cases (statement timeouts, advisory locks)
 # with PostgreSQL as the database. Both real Redis and PostgreSQL are expected on 127.0.0.1.

@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import signal
-import shutil
 import statistics
 import sys
 import threading
@@ -38,9 +37,11 @@ import time
 from collections import Counter, defaultdict
 
 from common import lane_limit, write
-from stack import HOME, Stack, _stop_children
+from stack import HOME, Stack
 
-from api.run import Child, free_port, tail  # noqa: E402
+from devstack.processes import Child, stop_children, tail
+from devstack.redis_server import RedisStartError, start_redis
+from workers.lanes import QUEUE_NAMES, QUEUES
 
 SAMPLE_SECONDS = 0.05
 DEADLINE_SECONDS = 0.3
@@ -50,41 +51,25 @@ LEASE_SECONDS = 15
 RENEW_SECONDS = 5
 WINDOW_MARGIN = 2.0
 FINAL = ('succeeded', 'failed', 'cancelled', 'expired')
-QUEUES = ('interactive', 'es2_knn', 'api_heavy')
+BULK_QUEUES = tuple(queue.name for queue in QUEUES if not queue.single_row)  # a node kill prefers these
 
 
 def start_broker():
     """A second private redis-server (broker + cache); returns (child, url)."""
-    server = shutil.which('redis-server')
-    if not server:
-        sys.exit('redis-server is not installed')
-    port = free_port()
-    url = f'redis://127.0.0.1:{port}/0'
     (HOME / 'log').mkdir(parents=True, exist_ok=True)
-    child = Child('broker-redis', [server, '--port', str(port), '--bind', '127.0.0.1', '--save', '',
-                                   '--appendonly', 'no', '--daemonize', 'no', '--logfile', ''],
-                  HOME / 'log' / 'broker-redis.log')
-    child.start(dict(os.environ), os.getpid())
-    import redis
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            if redis.Redis.from_url(url, socket_timeout=1).ping():
-                return child, url
-        except redis.RedisError:
-            if time.monotonic() > deadline or not child.running():
-                _stop_children([child])
-                sys.exit(f'the broker redis-server did not start:\n{tail(child.log_path)}')
-            time.sleep(0.05)
+    try:
+        return start_redis(HOME / 'log' / 'broker-redis.log', name='broker-redis', parent_pid=os.getpid())
+    except RedisStartError as ex:
+        sys.exit(f'the broker Redis did not start: {ex}')
 
 
 def broker_depths(client):
     pipe = client.pipeline(transaction=False)
-    names = [(queue, name) for queue in QUEUES
+    names = [(queue, name) for queue in QUEUE_NAMES
              for name in [queue] + [f'{queue}\x06\x16{level}' for level in (0, 3, 6, 9)]]
     for _, name in names:
         pipe.llen(name)
-    depths = dict.fromkeys(QUEUES, 0)
+    depths = dict.fromkeys(QUEUE_NAMES, 0)
     for (queue, _), depth in zip(names, pipe.execute()):
         depths[queue] += depth
     unacked = client.hlen('unacked')
@@ -161,7 +146,7 @@ def main():
     try:
         result = run(args, broker_url)
     finally:
-        _stop_children([broker])
+        stop_children([broker])
     sys.exit(0 if result else 1)
 
 
@@ -243,13 +228,13 @@ def run(args, broker_url):
         def elapsed():
             return round(time.monotonic() - t0, 3)
 
-        worker_pgids = lambda: {stack.children[f'worker-{q}'].pid: q for q in QUEUES}  # noqa: E731
+        worker_pgids = lambda: {stack.children[f'worker-{q}'].pid: q for q in QUEUE_NAMES}  # noqa: E731
 
-        def running_call(queues=QUEUES, timeout=8.0):
+        def running_call(queues=QUEUE_NAMES, timeout=8.0):
             """A running call on one of `queues` whose worker pid is in a stack worker's group."""
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
-                for call in HeavyCall.objects.filter(state='running', lane__in=queues).exclude(worker=''):
+                for call in HeavyCall.objects.filter(state='running', queue__in=queues).exclude(worker=''):
                     node, _, pid = call.worker.rpartition(' pid ')
                     try:
                         pid = int(pid)
@@ -274,10 +259,10 @@ def run(args, broker_url):
 
         # Fault 2: SIGKILL a whole lane worker node (prefer one running a bulk call), start it again.
         at(0.40)
-        call, _ = running_call(('es2_knn', 'api_heavy'), timeout=5.0)
+        call, _ = running_call(BULK_QUEUES, timeout=5.0)
         queue = call.queue if call is not None else 'es2_knn'
         old = stack.children[f'worker-{queue}']
-        running_there = list(HeavyCall.objects.filter(state='running', lane=queue).values_list('id', flat=True))
+        running_there = list(HeavyCall.objects.filter(state='running', queue=queue).values_list('id', flat=True))
         old.signal_group(signal.SIGKILL)
         killed_at = elapsed()
         old.process.wait(10)

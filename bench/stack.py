@@ -30,7 +30,6 @@ import atexit
 import fcntl
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -40,14 +39,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from api.run import Child, free_port, http_get, stop_children, tail  # noqa: E402  (no Django at import)
+from devstack.processes import Child, free_port, http_get, stop_children, tail  # noqa: E402  (no Django)
+from devstack.redis_server import RedisStartError, start_redis  # noqa: E402
+from workers.lanes import QUEUE_NAMES  # noqa: E402  (the queue table, no Django)
 
 HOME = ROOT / 'bench' / 'out' / 'stack'
 PG_ADMIN_URL = os.environ.get('BENCH_PG_ADMIN_URL', 'postgresql://postgres@127.0.0.1:5432/postgres')
 DB_NAME = os.environ.get('BENCH_DB_NAME', 'heavy_lanes_bench')
-QUEUES = ('interactive', 'es2_knn', 'api_heavy')
 SOURCES = {'hpo': '/orgs/HPO/sources/HPO/', 'tiny': '/orgs/HL/sources/TinyClinical/'}
-STOP_SECONDS = 10
 READY_SECONDS = 120
 CONFIG_SECONDS = 1  # CAPACITY_CONFIG_CACHE_SECONDS and WORKERS_RECONCILE_SECONDS of the stack
 
@@ -72,7 +71,7 @@ class Stack:
         """`lanes`: {queue: pool size} of the lane workers to start (default: one worker per queue, pools
         from the default config); `config`: capacity config changes saved before anything starts."""
         self.api_workers = api_workers
-        self.lanes = dict(lanes) if lanes is not None else {queue: None for queue in QUEUES}
+        self.lanes = dict(lanes) if lanes is not None else {queue: None for queue in QUEUE_NAMES}
         self.terminology = terminology
         self.initial_config = config or {}
         self.extra_env = env or {}
@@ -153,9 +152,9 @@ class Stack:
             return
         self._stopped = True
         others = [child for name, child in reversed(list(self.children.items())) if name != 'redis']
-        _stop_children(others)
+        stop_children(others)
         if 'redis' in self.children:
-            _stop_children([self.children['redis']])
+            stop_children([self.children['redis']])
         left = [child.name for child in self.children.values() if child.group_alive()]
         if left:
             print(f'[stack] could not stop: {", ".join(left)}', file=sys.stderr)
@@ -221,11 +220,11 @@ class Stack:
     def queue_depths(self):
         """{queue: messages waiting in the broker}, over the plain list and every priority level."""
         pipe = self.redis.pipeline(transaction=False)
-        names = [(queue, name) for queue in QUEUES
+        names = [(queue, name) for queue in QUEUE_NAMES
                  for name in [queue] + [f'{queue}\x06\x16{level}' for level in (3, 6, 9)]]
         for _, name in names:
             pipe.llen(name)
-        depths = dict.fromkeys(QUEUES, 0)
+        depths = dict.fromkeys(QUEUE_NAMES, 0)
         for (queue, _), depth in zip(names, pipe.execute()):
             depths[queue] += depth
         return depths
@@ -235,7 +234,7 @@ class Stack:
         from django.conf import settings
         from django.db import connection
         if purge:
-            for queue in QUEUES:
+            for queue in QUEUE_NAMES:
                 for name in [queue] + [f'{queue}\x06\x16{level}' for level in (0, 3, 6, 9)]:
                     self.redis.delete(name)
         for key in self.redis.scan_iter(match='{' + settings.CAPACITY_KEY_PREFIX + '}:*', count=1000):
@@ -276,27 +275,14 @@ class Stack:
         return child
 
     def _start_redis(self):
-        server = shutil.which('redis-server')
-        if not server:
-            raise StackError('redis-server is not installed (apt-get install -y redis-server)')
         self.port = free_port()
-        port = free_port()
-        self.redis_url = f'redis://127.0.0.1:{port}/0'
         data = HOME / 'redis'
         data.mkdir(exist_ok=True)
-        redis_child = self._start(Child('redis', [
-            server, '--port', str(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no',
-            '--dir', str(data), '--daemonize', 'no', '--logfile', ''], self.logs / 'redis.log'))
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and redis_child.running():
-            try:
-                if self.redis.ping():
-                    break
-            except Exception:  # noqa: BLE001 - not up yet
-                self._redis = None
-            time.sleep(0.05)
-        else:
-            raise StackError(f'redis-server did not start:\n{tail(redis_child.log_path)}')
+        try:
+            self.children['redis'], self.redis_url = start_redis(self.logs / 'redis.log', data_dir=data,
+                                                                 parent_pid=os.getpid())
+        except RedisStartError as ex:
+            raise StackError(str(ex)) from None
         self.var.mkdir(parents=True, exist_ok=True)
         self.env = {
             **{k: v for k, v in os.environ.items() if not k.startswith(('CELERY_', 'CAPACITY_', 'REDIS_'))},
@@ -392,37 +378,19 @@ def lane_limits(pools):
     return changes
 
 
-def _stop_children(children):
-    stop_children(children, STOP_SECONDS)
-
-
 def with_redis(command):
     """Run `command` with `{redis}` replaced by the URL of a private redis-server; stop it after."""
-    server = shutil.which('redis-server')
-    if not server:
-        sys.exit('redis-server is not installed (apt-get install -y redis-server)')
-    port = free_port()
-    url = f'redis://127.0.0.1:{port}/0'
     HOME.mkdir(parents=True, exist_ok=True)
-    child = Child('redis-only', [server, '--port', str(port), '--bind', '127.0.0.1', '--save', '', '--appendonly',
-                                 'no', '--daemonize', 'no', '--logfile', ''], HOME / 'redis-only.log')
-    child.start(dict(os.environ), os.getpid())
     try:
-        import redis
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                if redis.Redis.from_url(url).ping():
-                    break
-            except redis.RedisError:
-                if time.monotonic() > deadline or not child.running():
-                    sys.exit(f'redis-server did not start:\n{tail(child.log_path)}')
-                time.sleep(0.05)
+        child, url = start_redis(HOME / 'redis-only.log', name='redis-only', parent_pid=os.getpid())
+    except RedisStartError as ex:
+        sys.exit(str(ex))
+    try:
         argv = [part.replace('{redis}', url) for part in command]
         print('$', ' '.join(argv), flush=True)
         return subprocess.run(argv, check=False).returncode
     finally:
-        _stop_children([child])
+        stop_children([child])
 
 
 def main():

@@ -39,6 +39,8 @@ from pathlib import Path
 from common import write
 from stack import Stack
 
+from devstack.processes import pids
+
 HIGH = 100_000  # the largest limit the config takes
 TARGET = 0.70
 MODES = ('off', 'shadow', 'enforce')
@@ -190,10 +192,6 @@ def mode_costs(stack, client, body, paths, block, rounds=8):
                    'spread': round(max(values) / min(values), 2)} for name, values in totals.items()}
 
 
-def _pids():
-    return [int(entry) for entry in os.listdir('/proc') if entry.isdigit()]
-
-
 def _stat(pid):
     """(process group, utime + stime in clock ticks) of a live process, or None."""
     try:
@@ -218,7 +216,7 @@ def server_cpu(stack):
     from stack import DB_NAME
     groups = {stack.children['api'].pid, stack.children['redis'].pid}
     used = {}
-    for pid in _pids():
+    for pid in pids():
         stat = _stat(pid)
         if stat is None:
             continue

@@ -5,17 +5,15 @@ failed.
 """
 import contextlib
 import os
-import shutil
 import signal
 import socket
-import subprocess
 import threading
-import time
 
 import pytest
-import redis
 
 from capacity.store import LaneStore, use_store
+from devstack import redis_server
+from devstack.processes import free_port
 from tests.conftest import missing_service
 
 
@@ -27,63 +25,42 @@ def lanes(redis_client):
     use_store(None)
 
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(('127.0.0.1', 0))
-        return sock.getsockname()[1]
-
-
 class RedisServer:
-    """A redis-server subprocess of this test's own, so it can be stopped (SIGSTOP) and killed."""
+    """A redis-server of this test's own (devstack.redis_server), to stop (SIGSTOP) and kill by its pid."""
 
-    def __init__(self, port=None):
+    def __init__(self, log_path, port=None):
+        self.log_path = log_path
         self.port = port or free_port()
-        self.process = None
+        self.child = None
 
     def start(self):
-        binary = shutil.which('redis-server')
-        if binary is None:
+        if redis_server.server_binary() is None:
             missing_service('no redis-server binary (apt-get install -y redis-server)')
-        self.process = subprocess.Popen(
-            [binary, '--port', str(self.port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        probe = redis.Redis(port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5)
         try:
-            deadline = time.monotonic() + 5
-            while True:
-                try:
-                    probe.ping()
-                    return self
-                except redis.ConnectionError:
-                    if time.monotonic() > deadline or self.process.poll() is not None:
-                        self.stop()
-                        pytest.fail(f'redis-server on port {self.port} did not start')
-                    time.sleep(0.02)
-        finally:
-            probe.close()
+            self.child, _ = redis_server.start_redis(self.log_path, port=self.port,
+                                                     data_dir=self.log_path.parent, timeout=5)
+        except redis_server.RedisStartError as ex:
+            pytest.fail(str(ex))
+        return self
 
     def pause(self):
-        os.kill(self.process.pid, signal.SIGSTOP)
+        os.kill(self.child.pid, signal.SIGSTOP)
 
     def resume(self):
-        os.kill(self.process.pid, signal.SIGCONT)
+        os.kill(self.child.pid, signal.SIGCONT)
 
     def stop(self):
-        if self.process is None or self.process.poll() is not None:
+        """SIGTERM by its process group, SIGKILL after 5 s."""
+        if self.child is None or not self.child.running():
             return
         with contextlib.suppress(ProcessLookupError):
-            os.kill(self.process.pid, signal.SIGCONT)  # a stopped process can't act on SIGTERM
-            os.kill(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(5)
-        except subprocess.TimeoutExpired:
-            os.kill(self.process.pid, signal.SIGKILL)
-            self.process.wait(5)
+            os.kill(self.child.pid, signal.SIGCONT)  # a stopped process can't act on SIGTERM
+        self.child.stop(5)
 
 
 @pytest.fixture
-def own_redis():
-    server = RedisServer().start()
+def own_redis(tmp_path):
+    server = RedisServer(tmp_path / 'own-redis.log').start()
     try:
         yield server
     finally:

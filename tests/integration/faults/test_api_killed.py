@@ -2,8 +2,6 @@
 queue, and no lease outlives its expiry."""
 import os
 import signal
-import socket
-import subprocess
 import sys
 import threading
 
@@ -13,6 +11,7 @@ from django.db import connection
 
 from capacity.constants import Lane
 from capacity.keys import lane_key
+from devstack.processes import Child, free_port
 from tests.integration.workers.conftest import ROOT, wait_until
 from workers.models import HeavyCall
 from workers.status import depth
@@ -20,21 +19,14 @@ from workers.status import depth
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(('127.0.0.1', 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def gunicorn(broker, lanes_redis, key_prefix, tmp_path):
     port = free_port()
     env = {**os.environ, 'DJANGO_SETTINGS_MODULE': 'tests.settings', 'CAPACITY_KEY_PREFIX': key_prefix,
            'HEAVY_LANES_WORKER_DB': str(connection.settings_dict['NAME']), 'CAPACITY_TASK_ID': 'api-a'}
-    log = open(tmp_path / 'gunicorn.log', 'w')
-    process = subprocess.Popen(
-        [sys.executable, '-m', 'gunicorn', 'api.wsgi', '--bind', f'127.0.0.1:{port}', '--workers', '1',
-         '--timeout', '120'], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    child = Child('gunicorn', [
+        sys.executable, '-m', 'gunicorn', 'api.wsgi', '--bind', f'127.0.0.1:{port}', '--workers', '1',
+        '--timeout', '120'], tmp_path / 'gunicorn.log', cwd=ROOT).start(env)
     url = f'http://127.0.0.1:{port}'
 
     def up():
@@ -44,11 +36,9 @@ def gunicorn(broker, lanes_redis, key_prefix, tmp_path):
             return False
     try:
         wait_until(up, timeout=30, interval=0.2, message='gunicorn to answer')
-        yield url, process
+        yield url, child.process
     finally:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(10)
-        log.close()
+        child.kill()  # SIGKILL to its process group: the master and its worker
 
 
 def children(pid):

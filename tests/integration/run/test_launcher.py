@@ -1,4 +1,4 @@
-"""`python -m api.run` (what `make run` starts), end to end in a private VAR_DIR on free ports.
+"""`python -m devstack` (what `make run` starts), end to end in a private VAR_DIR on free ports.
 
 One test, two starts, because the second start is the point: the first creates the database, loads HPO and
 mints tokens with its own redis-server (when installed); the second reuses all of that with the embedded
@@ -11,15 +11,14 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
+
+from devstack.processes import Child, free_port, http_get, kill_groups, live_members
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
@@ -31,40 +30,13 @@ INHERITED = ('REDIS_URL', 'CELERY_BROKER_URL', 'DJANGO_SETTINGS_MODULE', 'HEAVY_
              'FLOWER_PORT')
 
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(('127.0.0.1', 0))
-        return sock.getsockname()[1]
-
-
 def get(url, headers=None):
-    """(status, body) of a GET."""
-    try:
-        request = urllib.request.Request(url, headers=headers or {})
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as ex:
-        return ex.code, b''
-
-
-def live_members(pgids):
-    """Pids of live (not zombie) processes in any of the process groups `pgids`."""
-    members = []
-    for entry in os.listdir('/proc'):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f'/proc/{entry}/stat') as handle:
-                fields = handle.read().rsplit(')', 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] not in ('Z', 'X') and int(fields[2]) in pgids:
-            members.append(int(entry))
-    return members
+    """(status, body) of a GET; status 0 when nothing answered."""
+    return http_get(url, headers, timeout=10)
 
 
 class Launch:
-    """One `python -m api.run`, its output in a file, and every process group it reported in run.json."""
+    """One `python -m devstack`, its output in a file, and every process group it reported in run.json."""
 
     def __init__(self, var_dir, out_path, **env):
         self.var_dir = var_dir
@@ -80,10 +52,9 @@ class Launch:
 
     def start(self):
         self.started = time.monotonic()
-        with open(self.out_path, 'wb') as out:
-            self.process = subprocess.Popen([sys.executable, '-m', 'api.run'], cwd=ROOT, env=self.env,
-                                            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
+        # In a process group of its own, as in a terminal: the SIGINT below reaches the launcher alone.
+        self.process = Child('launcher', [sys.executable, '-m', 'devstack'], self.out_path,
+                             cwd=ROOT).start(self.env).process
         self.pgids.add(self.process.pid)
         return self
 
@@ -124,11 +95,7 @@ class Launch:
         if self.process is None:
             return
         self.collect_pgids()
-        for pgid in self.pgids:
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        kill_groups(self.pgids)
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait(10)

@@ -6,7 +6,6 @@ db 14 as the broker (flushed around each test) and this test's key prefix for po
 """
 import os
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -19,31 +18,39 @@ from rest_framework.test import APIClient
 
 from capacity.config import clear_cache, save_config
 from capacity.store import LaneStore, use_store
+from devstack.processes import Child
 from tests.conftest import delete_prefixed, real_redis_client
+from workers.lanes import QUEUE_NAMES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 class Worker:
+    """A lane worker node of the test's own: a Child (devstack.processes), the leader of its process group."""
+
+    STOP_SECONDS = 15
+
     def __init__(self, name, queues, concurrency, env, log_dir):
         self.name = name
         self.node = f'{name}@heavy-lanes-test'
         self.queues = queues
         self.concurrency = concurrency
         self.env = env
-        self.log_path = os.path.join(log_dir, f'{name}-{uuid.uuid4().hex[:6]}.log')
-        self.process = None
+        self.child = Child(name, [
+            sys.executable, '-m', 'celery', '-A', 'workers', 'worker', '-Q', ','.join(self.queues),
+            '-n', self.node, '-c', str(self.concurrency), '-P', 'prefork', '--without-mingle',
+            '--without-gossip', '-l', 'INFO',
+        ], os.path.join(log_dir, f'{name}-{uuid.uuid4().hex[:6]}.log'), cwd=ROOT)
+
+    @property
+    def process(self):
+        return self.child.process
 
     def start(self):
-        self.log = open(self.log_path, 'w')
-        self.process = subprocess.Popen(
-            [sys.executable, '-m', 'celery', '-A', 'workers', 'worker', '-Q', ','.join(self.queues),
-             '-n', self.node, '-c', str(self.concurrency), '-P', 'prefork', '--without-mingle',
-             '--without-gossip', '-l', 'INFO'],
-            cwd=ROOT, env=self.env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.child.start(self.env)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
+            if not self.child.running():
                 raise AssertionError(f'worker {self.node} exited:\n{self.output()}')
             if 'ready.' in self.output():
                 return self
@@ -51,29 +58,17 @@ class Worker:
         raise AssertionError(f'worker {self.node} did not start:\n{self.output()}')
 
     def output(self):
-        with open(self.log_path) as log:
-            return log.read()
+        return self.child.output()
 
     def kill(self, sig=signal.SIGKILL):
         """Signal the whole node: its main process and every pool process."""
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, sig)
+        if self.child.running():
+            self.child.signal_group(sig)
 
     def stop(self):
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(5)
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)  # any pool process left behind
-        except ProcessLookupError:
-            pass
-        self.log.close()
+        """SIGTERM to the node's group, SIGKILL after STOP_SECONDS, then any pool process left behind."""
+        if self.process is not None:
+            self.child.stop(self.STOP_SECONDS)
 
 
 @pytest.fixture
@@ -113,7 +108,7 @@ def lanes_redis(key_prefix, transactional_db):
 def start_worker(broker, lanes_redis, key_prefix, tmp_path):
     started = []
 
-    def start(name='lanes', queues=('interactive', 'es2_knn', 'api_heavy'), concurrency=1, **env):
+    def start(name='lanes', queues=QUEUE_NAMES, concurrency=1, **env):
         worker_env = {
             **os.environ,
             'DJANGO_SETTINGS_MODULE': 'tests.settings',

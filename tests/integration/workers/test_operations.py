@@ -3,15 +3,13 @@ config endpoint, a Flower resize showing as drift, and a metrics scrape that agr
 import base64
 import os
 import re
-import signal
-import socket
-import subprocess
 import sys
 import time
 import urllib.request
 
 import pytest
 
+from devstack.processes import Child, free_port
 from tests.integration.workers.conftest import ROOT, wait_until
 from tests.integration.workers.test_queue import pool_of, submit
 
@@ -75,32 +73,19 @@ def test_patching_a_lane_limit_resizes_a_running_pool_and_is_in_the_history(
         ('ops-alice', 'resume', {'es2_knn': [1, 3]}), ('ops-alice', 'pause knn', {'es2_knn': [3, 1]})]
 
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(('127.0.0.1', 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def flower(start_worker, tmp_path):
     port = free_port()
     env = {**os.environ, 'DJANGO_SETTINGS_MODULE': 'tests.settings'}
-    log = open(tmp_path / 'flower.log', 'w')
-    process = subprocess.Popen(
-        [sys.executable, '-m', 'celery', '-A', 'workers', 'flower', f'--port={port}', '--address=127.0.0.1',
-         '--basic_auth=ops:secret'], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True)
+    child = Child('flower', [
+        sys.executable, '-m', 'celery', '-A', 'workers', 'flower', f'--port={port}', '--address=127.0.0.1',
+        '--basic_auth=ops:secret'], tmp_path / 'flower.log', cwd=ROOT).start(env)
     url = f'http://127.0.0.1:{port}'
     try:
         wait_until(lambda: _answers(url), timeout=30, interval=0.2, message='Flower to answer')
         yield url
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-        log.close()
+        child.stop(10)  # SIGTERM to its process group, SIGKILL after 10 s
 
 
 def _answers(url):

@@ -1,6 +1,6 @@
 """An embedded Redis-compatible server for `make run` on a machine without `redis-server`.
 
-    python -m api.embedded_redis --port 6390 [--host 127.0.0.1]
+    python -m devstack.embedded_redis --port 6390 [--host 127.0.0.1]
 
 fakeredis's TCP server with Lua (lupa), so the lane scripts, the Celery broker, remote control and Flower
 all work against it. Three changes make it usable as a broker for separate processes (STACK-NOTES.md):
@@ -38,7 +38,8 @@ def _exit(signum, frame):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog='python -m api.embedded_redis', description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog='python -m devstack.embedded_redis',
+                                     description=__doc__.splitlines()[0])
     parser.add_argument('--host', default='127.0.0.1')
     parser.add_argument('--port', type=int, required=True)
     args = parser.parse_args(argv)

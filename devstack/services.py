@@ -1,0 +1,73 @@
+"""The processes `make run` starts, as Child objects: the API, a worker per lane queue, Flower, and the
+one-shot steps (the database, the match indexes). Each is ready when it answers as a user would see it."""
+import base64
+import os
+import secrets
+import sys
+
+from devstack.files import read_private, write_private
+from devstack.processes import Child, http_get, tail
+from workers.lanes import QUEUE_NAMES  # the queue table: pure Python, no Django
+
+
+def api(port, logs):
+    """gunicorn api.wsgi on 127.0.0.1:`port`, WEB_CONCURRENCY sync workers (default 3)."""
+    workers = os.environ.get('WEB_CONCURRENCY') or '3'
+    url = f'http://127.0.0.1:{port}'
+    # A call with `Prefer: wait=N` holds a sync worker up to wait.max_seconds (at most 120 s).
+    return Child('api', [
+        sys.executable, '-m', 'gunicorn', 'api.wsgi:application', '--bind', f'127.0.0.1:{port}',
+        '--workers', workers, '--worker-class', 'sync', '--timeout', '150', '--graceful-timeout', '5',
+        '--access-logfile', '-', '--error-logfile', '-', '--log-level', 'info',
+    ], logs / 'api.log', ready=lambda: http_get(f'{url}/healthz')[0] == 200)
+
+
+def lane_worker(queue, logs):
+    """The Celery worker of one lane queue, started with one pool process (its reconciler sizes the pool)."""
+    log_path = logs / f'worker-{queue}.log'
+    return Child(f'worker-{queue}', [
+        sys.executable, '-m', 'celery', '-A', 'workers', 'worker', '-Q', queue, '-n', f'{queue}@%h',
+        '-P', 'prefork', '-c', '1', '-l', 'INFO',
+    ], log_path, ready=lambda: ' ready.' in tail(log_path, 200))
+
+
+def lane_workers(logs):
+    return [lane_worker(queue, logs) for queue in QUEUE_NAMES]
+
+
+def flower(port, logs, auth):
+    """Flower on 127.0.0.1:`port` behind basic auth; `auth` is 'user:password'."""
+    url = f'http://127.0.0.1:{port}'
+    # Flower reads FLOWER_BASIC_AUTH as --basic_auth; in the environment the password stays out of `ps`.
+    flower_auth = os.environ.get('FLOWER_BASIC_AUTH') or auth
+    return Child('flower', [
+        sys.executable, '-m', 'celery', '-A', 'workers', 'flower', f'--port={port}', '--address=127.0.0.1',
+    ], logs / 'flower.log', env={'FLOWER_BASIC_AUTH': flower_auth},
+        ready=lambda: http_get(f'{url}/api/workers', {'Authorization': basic_header(auth)})[0] == 200)
+
+
+def basic_header(auth):
+    return 'Basic ' + base64.b64encode(auth.encode()).decode()
+
+
+def flower_credentials(var):
+    """'user:password' for Flower: FLOWER_BASIC_AUTH when set, else generated once into `var`."""
+    if os.environ.get('FLOWER_BASIC_AUTH'):
+        return os.environ['FLOWER_BASIC_AUTH'].split(',')[0]
+    path = var / 'flower-credentials.json'
+    saved = read_private(path)
+    if not (saved and saved.get('username') and saved.get('password')):
+        saved = {'username': 'admin', 'password': secrets.token_urlsafe(18)}
+        write_private(path, saved)
+    return f'{saved["username"]}:{saved["password"]}'
+
+
+def prepare_step(logs):
+    """The database steps (devstack.prepare.prepare) in a child of their own."""
+    return Child('setup', [sys.executable, '-m', 'devstack', '--prepare'], logs / 'setup.log')
+
+
+def index_step(logs):
+    """The match indexes (devstack.prepare.build_indexes), built in the background once everything runs."""
+    return Child('indexes', [sys.executable, '-m', 'devstack', '--build-indexes'], logs / 'indexes.log',
+                 one_shot=True)
