@@ -176,8 +176,7 @@ def test_respond_async_and_capacity_aware_clients_never_wait(
 
 @pytest.mark.slow
 def test_prefer_wait_answers_200_with_the_result_when_it_finishes_in_time(
-        start_worker, tiny_source, make_user, api_as, lanes_redis):
-    start_worker()
+        in_process_worker, tiny_source, make_user, api_as, lanes_redis):
     response = match(api_as(make_user()), tiny_source, HTTP_PREFER='wait=20')
     assert response.status_code == 200, response.content
     body = response.json()

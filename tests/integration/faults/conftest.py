@@ -1,5 +1,6 @@
 """Fault fixtures: a redis-server of the test's own (to SIGSTOP), with real workers and the API."""
-from tests.integration.capacity_store.conftest import own_redis  # noqa: F401  (shared fixtures)
+from tests.integration.capacity.conftest import own_redis  # noqa: F401  (shared fixtures)
 from tests.integration.workers.conftest import (  # noqa: F401
-    api_as, broker, configure, lanes_redis, start_worker, tiny_source,
+    api_as, broker, celery_app, celery_worker_parameters, configure, in_process_worker, lanes_redis, start_worker,
+    tiny_source,
 )

@@ -160,3 +160,26 @@ def wait_until(predicate, timeout=20, interval=0.05, message='condition'):
             return value
         time.sleep(interval)
     raise AssertionError(f'timed out after {timeout} s waiting for {message}')
+
+
+# Celery's own in-process worker (celery.contrib.pytest, installed with pytest-celery): a thread of this
+# test process running the service's app with the solo pool, started and stopped around each test that
+# asks for `in_process_worker`. Enough for a test that only needs its calls to run; a test that kills a
+# process, terminates a running call, needs a pool sized by the reconciler or a paused queue uses real
+# prefork workers (`start_worker`). It is function-scoped: a worker left running would take the messages
+# of the next test's real workers.
+@pytest.fixture
+def celery_app():
+    from workers.celery import app
+    return app
+
+
+@pytest.fixture
+def celery_worker_parameters():
+    from workers.lanes import QUEUE_NAMES
+    return {'queues': list(QUEUE_NAMES), 'perform_ping_check': False}
+
+
+@pytest.fixture
+def in_process_worker(broker, lanes_redis, celery_worker):
+    return celery_worker

@@ -1,4 +1,4 @@
-"""A semantic `$match` of 100 rows over the whole HPO, through the API and a real worker process."""
+"""A semantic `$match` of 100 rows over the whole HPO, through the API and Celery's in-process worker."""
 import pytest
 
 from concepts.loader import load_terminology
@@ -9,9 +9,8 @@ from tests.integration.workers.conftest import wait_until
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
 
-def test_a_hundred_known_synonyms_come_back_with_their_concepts_first(start_worker, make_user, api_as):
+def test_a_hundred_known_synonyms_come_back_with_their_concepts_first(in_process_worker, make_user, api_as):
     load_terminology(read_hpo())
-    start_worker(queues=('es2_knn',))
     pairs = known_synonyms(read_hpo(), 100, seed=11)
     client = api_as(make_user('core_user'))
     response = client.post('/concepts/$match/?semantic=true', {

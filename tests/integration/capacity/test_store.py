@@ -1,6 +1,6 @@
 """The lane store's contract, run on fakeredis (real Lua through lupa) and on the real Redis.
 
-Every test goes through the LaneStore (its Redis thread, its scripts) with the `lanes` fixture, and reads
+Every test goes through the LaneStore (its Redis thread, its scripts) with the `store` fixture, and reads
 Redis directly with the same client to check what the scripts left behind.
 """
 import fakeredis
@@ -27,167 +27,167 @@ def holders(client, key):
     return sorted(member.decode() for member in client.zrange(key, 0, -1))
 
 
-def test_acquire_takes_a_lease_in_every_lane_and_counts_the_calls_before_it(lanes, redis_client):
+def test_acquire_takes_a_lease_in_every_lane_and_counts_the_calls_before_it(store, redis_client):
     keys = call_keys()
     before = redis_now_ms(redis_client)
-    assert lanes.acquire(keys, [4, 2, 1], 'call-1', LEASE_MS, force=False) == Acquired(True, (0, 0, 0))
+    assert store.acquire(keys, [4, 2, 1], 'call-1', LEASE_MS, force=False) == Acquired(True, (0, 0, 0))
     after = redis_now_ms(redis_client)
     for key in keys:
         assert holders(redis_client, key) == ['call-1']
         # Scored by Redis's clock: expiry = Redis TIME + lease.
         assert before + LEASE_MS <= redis_client.zscore(key, 'call-1') <= after + LEASE_MS
         assert LEASE_MS < redis_client.pttl(key) <= 2 * LEASE_MS
-    assert lanes.acquire(keys, [4, 2, 2], 'call-2', LEASE_MS, force=False) == Acquired(True, (1, 1, 1))
-    assert lanes.count(keys) == [2, 2, 2]
+    assert store.acquire(keys, [4, 2, 2], 'call-2', LEASE_MS, force=False) == Acquired(True, (1, 1, 1))
+    assert store.count(keys) == [2, 2, 2]
 
 
-def test_a_full_lane_refuses_without_a_lease_in_any_lane_when_not_forced(lanes, redis_client):
+def test_a_full_lane_refuses_without_a_lease_in_any_lane_when_not_forced(store, redis_client):
     keys = call_keys()
-    lanes.acquire(keys, [4, 2, 1], 'call-1', LEASE_MS, force=False)
-    assert lanes.acquire(keys, [4, 2, 1], 'call-2', LEASE_MS, force=False) == Acquired(False, (1, 1, 1))
-    for key in keys:  # not even in the lanes that had room
+    store.acquire(keys, [4, 2, 1], 'call-1', LEASE_MS, force=False)
+    assert store.acquire(keys, [4, 2, 1], 'call-2', LEASE_MS, force=False) == Acquired(False, (1, 1, 1))
+    for key in keys:  # not even in the store that had room
         assert holders(redis_client, key) == ['call-1']
 
 
-def test_a_paused_lane_refuses_every_call_not_forced(lanes, redis_client):
+def test_a_paused_lane_refuses_every_call_not_forced(store, redis_client):
     key = lane_key(Lane.ES2_KNN)
-    assert lanes.acquire([key], [0], 'call-1', LEASE_MS, force=False) == Acquired(False, (0,))
+    assert store.acquire([key], [0], 'call-1', LEASE_MS, force=False) == Acquired(False, (0,))
     assert not redis_client.exists(key)
 
 
-def test_force_takes_the_leases_even_when_a_lane_is_full(lanes, redis_client):
+def test_force_takes_the_leases_even_when_a_lane_is_full(store, redis_client):
     keys = call_keys()
-    lanes.acquire(keys, [4, 2, 1], 'call-1', LEASE_MS, force=False)
-    assert lanes.acquire(keys, [4, 2, 1], 'call-2', LEASE_MS, force=True) == Acquired(True, (1, 1, 1))
-    assert lanes.acquire(keys, [4, 2, 1], 'call-3', LEASE_MS, force=True) == Acquired(True, (2, 2, 2))
+    store.acquire(keys, [4, 2, 1], 'call-1', LEASE_MS, force=False)
+    assert store.acquire(keys, [4, 2, 1], 'call-2', LEASE_MS, force=True) == Acquired(True, (1, 1, 1))
+    assert store.acquire(keys, [4, 2, 1], 'call-3', LEASE_MS, force=True) == Acquired(True, (2, 2, 2))
     for key in keys:
         assert holders(redis_client, key) == ['call-1', 'call-2', 'call-3']
 
 
-def test_a_stale_lease_is_pruned_and_counted_as_expired(lanes, redis_client):
+def test_a_stale_lease_is_pruned_and_counted_as_expired(store, redis_client):
     cluster, user = lane_key(Lane.API_HEAVY), lane_key(Lane.USER, 7)
     live = redis_now_ms(redis_client) + LEASE_MS
     redis_client.zadd(cluster, {'dead-1': 1000, 'dead-2': 2000, 'live': live})
     redis_client.zadd(user, {'dead-1': 1000})
-    assert lanes.expired_total() == 0
-    assert lanes.acquire([cluster, user], [2, 1], 'call-1', LEASE_MS, force=False) == Acquired(True, (1, 0))
+    assert store.expired_total() == 0
+    assert store.acquire([cluster, user], [2, 1], 'call-1', LEASE_MS, force=False) == Acquired(True, (1, 0))
     assert holders(redis_client, cluster) == ['call-1', 'live']
     assert holders(redis_client, user) == ['call-1']
-    assert lanes.expired_total() == 3
+    assert store.expired_total() == 3
     assert int(redis_client.get(expired_key())) == 3
     # Pruned leases are gone, so a later acquire doesn't count them again.
-    lanes.acquire([cluster, user], [4, 4], 'call-2', LEASE_MS, force=False)
-    assert lanes.expired_total() == 3
+    store.acquire([cluster, user], [4, 4], 'call-2', LEASE_MS, force=False)
+    assert store.expired_total() == 3
 
 
-def test_acquiring_again_with_the_same_token_is_idempotent(lanes, redis_client):
+def test_acquiring_again_with_the_same_token_is_idempotent(store, redis_client):
     """A redelivered task takes its leases again; its own lease must not count as a call ahead of it."""
     keys = [lane_key(Lane.API_HEAVY), lane_key(Lane.USER, 42)]
-    lanes.acquire(keys, [2, 1], 'other', LEASE_MS, force=True)
-    first = lanes.acquire(keys, [2, 2], 'task-1', LEASE_MS, force=False)
+    store.acquire(keys, [2, 1], 'other', LEASE_MS, force=True)
+    first = store.acquire(keys, [2, 2], 'task-1', LEASE_MS, force=False)
     first_score = redis_client.zscore(keys[0], 'task-1')
-    again = lanes.acquire(keys, [2, 2], 'task-1', LEASE_MS, force=False)
+    again = store.acquire(keys, [2, 2], 'task-1', LEASE_MS, force=False)
     assert first == again == Acquired(True, (1, 1))
     for key in keys:
         assert holders(redis_client, key) == ['other', 'task-1']
     assert redis_client.zscore(keys[0], 'task-1') >= first_score  # the lease runs from the latest take
-    assert lanes.expired_total() == 0
+    assert store.expired_total() == 0
 
 
-def test_renewal_extends_every_lease(lanes, redis_client):
+def test_renewal_extends_every_lease(store, redis_client):
     keys = call_keys()
     soon = redis_now_ms(redis_client) + 5000
     for key in keys:
         redis_client.zadd(key, {'call-1': soon})
-    assert lanes.renew(keys, 'call-1', LEASE_MS) == 3
+    assert store.renew(keys, 'call-1', LEASE_MS) == 3
     now = redis_now_ms(redis_client)
     for key in keys:
         assert redis_client.zscore(key, 'call-1') > now + LEASE_MS - 1000
 
 
-def test_renewal_with_one_lease_expired_renews_none_and_revives_nothing(lanes, redis_client):
+def test_renewal_with_one_lease_expired_renews_none_and_revives_nothing(store, redis_client):
     cluster, user = lane_key(Lane.API_HEAVY), lane_key(Lane.USER, 42)
     soon = redis_now_ms(redis_client) + 5000
     redis_client.zadd(cluster, {'call-1': soon})
     redis_client.zadd(user, {'call-1': 1000})
-    assert lanes.renew([cluster, user], 'call-1', LEASE_MS) == 1
+    assert store.renew([cluster, user], 'call-1', LEASE_MS) == 1
     assert redis_client.zscore(cluster, 'call-1') == soon
     assert redis_client.zscore(user, 'call-1') == 1000
 
 
-def test_renewal_never_re_adds_a_deleted_key(lanes, redis_client):
+def test_renewal_never_re_adds_a_deleted_key(store, redis_client):
     cluster, user = lane_key(Lane.API_HEAVY), lane_key(Lane.USER, 42)
-    lanes.acquire([cluster, user], [4, 1], 'call-1', LEASE_MS, force=False)
+    store.acquire([cluster, user], [4, 1], 'call-1', LEASE_MS, force=False)
     score = redis_client.zscore(cluster, 'call-1')
     redis_client.delete(user)
-    assert lanes.renew([cluster, user], 'call-1', LEASE_MS * 2) == 1
+    assert store.renew([cluster, user], 'call-1', LEASE_MS * 2) == 1
     assert not redis_client.exists(user)
     assert redis_client.zscore(cluster, 'call-1') == score
 
 
-def test_a_short_lease_never_shortens_a_lanes_ttl(lanes, redis_client):
+def test_a_short_lease_never_shortens_a_lanes_ttl(store, redis_client):
     cluster, user = lane_key(Lane.API_HEAVY), lane_key(Lane.USER, 42)
     redis_client.zadd(cluster, {'long-call': redis_now_ms(redis_client) + 600_000})
     redis_client.pexpire(cluster, 1_200_000)
-    lanes.acquire([cluster, user], [4, 1], 'call-1', LEASE_MS, force=False)
+    store.acquire([cluster, user], [4, 1], 'call-1', LEASE_MS, force=False)
     assert redis_client.pttl(cluster) > 600_000
     assert LEASE_MS < redis_client.pttl(user) <= 2 * LEASE_MS
-    assert lanes.renew([cluster, user], 'call-1', LEASE_MS) == 2
+    assert store.renew([cluster, user], 'call-1', LEASE_MS) == 2
     assert redis_client.pttl(cluster) > 600_000
     # A key without a TTL gets one (PTTL -1 is below any lease).
     redis_client.persist(user)
-    assert lanes.renew([cluster, user], 'call-1', LEASE_MS) == 2
+    assert store.renew([cluster, user], 'call-1', LEASE_MS) == 2
     assert LEASE_MS < redis_client.pttl(user) <= 2 * LEASE_MS
 
 
-def test_release_removes_only_its_own_token_and_a_second_release_is_harmless(lanes, redis_client):
+def test_release_removes_only_its_own_token_and_a_second_release_is_harmless(store, redis_client):
     keys = call_keys()
-    lanes.acquire(keys, [4, 4, 4], 'call-1', LEASE_MS, force=False)
-    lanes.acquire(keys, [4, 4, 4], 'call-2', LEASE_MS, force=False)
-    assert lanes.release(keys, 'call-1') == 3
+    store.acquire(keys, [4, 4, 4], 'call-1', LEASE_MS, force=False)
+    store.acquire(keys, [4, 4, 4], 'call-2', LEASE_MS, force=False)
+    assert store.release(keys, 'call-1') == 3
     for key in keys:
         assert holders(redis_client, key) == ['call-2']
-    assert lanes.release(keys, 'call-1') == 0
-    assert lanes.count(keys) == [1, 1, 1]
+    assert store.release(keys, 'call-1') == 0
+    assert store.count(keys) == [1, 1, 1]
 
 
-def test_count_ignores_expired_leases_and_changes_nothing(lanes, redis_client):
+def test_count_ignores_expired_leases_and_changes_nothing(store, redis_client):
     cluster, user = lane_key(Lane.API_HEAVY), lane_key(Lane.USER, 42)
     redis_client.zadd(cluster, {'dead': 1000, 'live': redis_now_ms(redis_client) + LEASE_MS})
-    assert lanes.count([cluster, user]) == [1, 0]
+    assert store.count([cluster, user]) == [1, 0]
     assert redis_client.zcard(cluster) == 2  # not pruned
     assert not redis_client.exists(user)
-    assert lanes.expired_total() == 0
+    assert store.expired_total() == 0
 
 
-def test_find_keys_lists_the_keys_of_one_lane_sorted(lanes, redis_client, settings, key_prefix):
+def test_find_keys_lists_the_keys_of_one_lane_sorted(store, redis_client, settings, key_prefix):
     for key in [lane_key(Lane.USER, 2), lane_key(Lane.USER, 10), lane_key(Lane.USER, 1),
                 lane_key(Lane.API_HEAVY), lane_key(Lane.API_HEAVY_TASK, 'web-1'), lane_key('user_x', 3)]:
         redis_client.zadd(key, {'call': 1})
-    found = lanes.find_keys(Lane.USER)
+    found = store.find_keys(Lane.USER)
     assert found == sorted(found)
     assert [lane_id(key) for key in found] == ['1', '10', '2']
-    assert [lane_id(key) for key in lanes.find_keys('api_heavy_task')] == ['web-1']
-    assert lanes.find_keys(Lane.ES2_KNN) == []
+    assert [lane_id(key) for key in store.find_keys('api_heavy_task')] == ['web-1']
+    assert store.find_keys(Lane.ES2_KNN) == []
 
 
-def test_find_keys_reads_glob_characters_in_the_prefix_literally(lanes, redis_client, settings, key_prefix):
+def test_find_keys_reads_glob_characters_in_the_prefix_literally(store, redis_client, settings, key_prefix):
     settings.CAPACITY_KEY_PREFIX = f'{key_prefix}[ab]*'
     redis_client.zadd(lane_key(Lane.USER, 1), {'call': 1})
     redis_client.zadd(f'{{{key_prefix}a}}:user:9', {'call': 1})  # the unescaped pattern would match this
-    assert lanes.find_keys(Lane.USER) == [f'{{{key_prefix}[ab]*}}:user:1']
+    assert store.find_keys(Lane.USER) == [f'{{{key_prefix}[ab]*}}:user:1']
 
 
-def test_an_acquire_redis_runs_too_late_takes_no_lease_in_any_lane(lanes, redis_client):
+def test_an_acquire_redis_runs_too_late_takes_no_lease_in_any_lane(store, redis_client):
     keys = call_keys()
     redis_client.zadd(keys[0], {'dead': 1000})
     late = redis_now_ms(redis_client) - 1
     for force in (False, True):
         with pytest.raises(redis.TimeoutError, match=LATE_ACQUIRE):
-            lanes.acquire(keys, [4, 2, 1], 'call-1', LEASE_MS, force=force, not_after_ms=late)
+            store.acquire(keys, [4, 2, 1], 'call-1', LEASE_MS, force=force, not_after_ms=late)
     assert [redis_client.exists(key) for key in keys] == [1, 0, 0]
     assert holders(redis_client, keys[0]) == ['dead']  # it returned before touching anything
-    assert lanes.expired_total() == 0
+    assert store.expired_total() == 0
 
 
 def test_a_script_redis_no_longer_has_is_loaded_again(key_prefix):
@@ -197,28 +197,28 @@ def test_a_script_redis_no_longer_has_is_loaded_again(key_prefix):
     use_store(LaneStore(client))
     try:
         key = lane_key(Lane.API_HEAVY)
-        lanes = get_store()
-        lanes.acquire([key], [4], 'call-1', LEASE_MS, force=False)
+        store = get_store()
+        store.acquire([key], [4], 'call-1', LEASE_MS, force=False)
         client.script_flush()
-        assert lanes.acquire([key], [4], 'call-2', LEASE_MS, force=False) == Acquired(True, (1,))
+        assert store.acquire([key], [4], 'call-2', LEASE_MS, force=False) == Acquired(True, (1,))
     finally:
         use_store(None)
         client.close()
 
 
-def test_calls_that_make_no_sense_are_refused_before_they_take_anything(lanes, redis_client):
+def test_calls_that_make_no_sense_are_refused_before_they_take_anything(store, redis_client):
     key = lane_key(Lane.API_HEAVY)
     with pytest.raises(ValueError):
-        lanes.acquire([key], [1, 2], 'call-1', LEASE_MS, force=False)
+        store.acquire([key], [1, 2], 'call-1', LEASE_MS, force=False)
     with pytest.raises(ValueError):
-        lanes.acquire([], [], 'call-1', LEASE_MS, force=False)
+        store.acquire([], [], 'call-1', LEASE_MS, force=False)
     with pytest.raises(ValueError):
-        lanes.renew([], 'call-1', LEASE_MS)
-    assert lanes.release([], 'call-1') == 0
-    assert lanes.count([]) == []
+        store.renew([], 'call-1', LEASE_MS)
+    assert store.release([], 'call-1') == 0
+    assert store.count([]) == []
     # The script checks its own arguments too: a lease of 0 ms would be a lease that never counts.
     with pytest.raises(redis.ResponseError, match='lease_ms > 0'):
-        lanes.call(lanes.run_script, 'acquire', [key, expired_key()], ['call-1', 0, '0', 2**50, 4])
+        store.call(store.run_script, 'acquire', [key, expired_key()], ['call-1', 0, '0', 2**50, 4])
     with pytest.raises(redis.ResponseError, match='one limit per lane'):
-        lanes.call(lanes.run_script, 'acquire', [key, expired_key()], ['call-1', LEASE_MS, '0', 2**50])
+        store.call(store.run_script, 'acquire', [key, expired_key()], ['call-1', LEASE_MS, '0', 2**50])
     assert not redis_client.exists(key)

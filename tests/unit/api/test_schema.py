@@ -4,7 +4,7 @@ import os
 import yaml
 from django.core.management import call_command
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def test_the_schema_describes_the_heavy_calls_and_docs_openapi_yaml_is_current(tmp_path, db):

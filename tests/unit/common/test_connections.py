@@ -1,7 +1,7 @@
 """The limiter's own Redis client: short timeouts, no retries, Sentinel when configured.
 
 These build real redis-py objects (nothing connects until a command runs) and read back their settings;
-tests/integration/capacity_store/test_faults.py shows the same settings against servers that hang.
+tests/integration/capacity/test_store_faults.py shows the same settings against servers that hang.
 """
 import pytest
 from redis.sentinel import SentinelConnectionPool

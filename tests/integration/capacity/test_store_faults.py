@@ -111,7 +111,7 @@ def test_a_sentinel_that_never_answers_costs_a_call_at_most_the_deadline(silent_
 
 
 def test_a_port_nobody_listens_on_fails_at_once(lanes_at, deadline):
-    from tests.integration.capacity_store.conftest import free_port
+    from devstack.processes import free_port
 
     lanes_at(free_port())
     error, elapsed = timed(get_store().count, [lane_key(Lane.API_HEAVY)])

@@ -2,7 +2,7 @@
 import subprocess
 import sys
 
-from tests.unit.security.test_production import ROOT
+from tests.unit.api.test_settings import ROOT
 
 PROBE = """
 import django

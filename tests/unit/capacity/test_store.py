@@ -1,7 +1,7 @@
 """A LaneStore's process state and its deadline, with plain Python operations standing in for Redis.
 
 Real hangs (a SIGSTOPped redis-server, a server that never answers) are in
-tests/integration/capacity_store/test_faults.py.
+tests/integration/capacity/test_store_faults.py.
 """
 import os
 import threading
