@@ -22,14 +22,6 @@ from devstack.processes import free_port
 from tests.conftest import missing_service
 
 
-@pytest.fixture
-def lanes(redis_client, db):
-    """A LaneStore on this test's backend (fakeredis or the real Redis) with the default config."""
-    use_store(LaneStore(redis_client))
-    clear_cache()
-    yield redis_client
-    use_store(None)
-    clear_cache()
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,7 @@ import redis
 
 from capacity.constants import Lane
 from capacity.keys import lane_key
-from capacity.store import LATE_ACQUIRE, Acquired, LaneStore, get_store, use_store
+from capacity.store import LATE_ACQUIRE, Acquired, get_store
 
 pytestmark = pytest.mark.slow
 

@@ -8,22 +8,13 @@ import pytest
 from django.utils import timezone
 
 from capacity import gate
-from capacity.config import clear_cache
 from capacity.constants import Lane
-from capacity.store import LaneStore, use_store
 from workers import lifecycle
 from workers.models import HeavyCall
 
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def lanes(redis_client):
-    use_store(LaneStore(redis_client))
-    clear_cache()
-    yield redis_client
-    use_store(None)
-    clear_cache()
 
 
 @pytest.fixture(autouse=True)

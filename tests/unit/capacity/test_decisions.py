@@ -3,27 +3,16 @@
 Lane selection and limits, the decision, Retry-After, the scope a refusal names, suggested concurrency and
 the waiting room, each row one case with the reason it is there.
 """
-import copy
-
 import pytest
 
-from capacity.constants import DEFAULTS, Decision, Lane
+from capacity.constants import Decision, Lane
 from capacity.decisions import (
     Call, LaneLimit, bulk_limit, decide, is_enforced, is_single_row, lanes_for, refusal_body, retry_after, scope,
     suggested_concurrency,
 )
+from tests.unit.defaults import config
 
 A, T, K, R, U = Lane.API_HEAVY, Lane.API_HEAVY_TASK, Lane.ES2_KNN, Lane.TIER, Lane.USER
-
-
-def config(**changes):
-    merged = copy.deepcopy(DEFAULTS)
-    for key, value in changes.items():
-        if isinstance(value, dict):
-            merged[key].update(value)
-        else:
-            merged[key] = value
-    return merged
 
 
 def call(endpoint='$match', rows=10, tier='preview', **fields):

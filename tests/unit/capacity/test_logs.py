@@ -1,7 +1,6 @@
 """The log sink: a writer thread behind a bounded queue, so a call never waits for its log line."""
 import io
 import json
-import os
 import threading
 import time
 import uuid

@@ -1,22 +1,11 @@
 """The queue table (workers.lanes): routing, pool sizes and the pool split across nodes, as tables. No
 database, no Redis."""
-import copy
-
 import pytest
 
 from capacity.constants import DEFAULTS, QUEUES, Lane
+from tests.unit.defaults import config
 from workers.lanes import QUEUE_NAMES, UnknownQueue, get_queue, pool_sizes, route
 from workers.pool import share_of
-
-
-def config(**changes):
-    merged = copy.deepcopy(DEFAULTS)
-    for key, value in changes.items():
-        if isinstance(value, dict):
-            merged[key].update(value)
-        else:
-            merged[key] = value
-    return merged
 
 
 @pytest.mark.parametrize('endpoint, rows, semantic, queue', [
