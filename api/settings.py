@@ -243,6 +243,8 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Publishing happens inside a request: fail fast (the API answers 503) instead of retrying for seconds.
 CELERY_TASK_PUBLISH_RETRY_POLICY = {'max_retries': 1, 'interval_start': 0, 'interval_step': 0.2,
                                     'interval_max': 0.2}
+# The most a request waits for its call's message to be published (workers.publisher): then it answers 503.
+CELERY_PUBLISH_DEADLINE_SECONDS = env_float('CELERY_PUBLISH_DEADLINE_SECONDS', 2.0)
 CELERY_WORKER_SEND_TASK_EVENTS = True
 # No task-sent event: it cost each heavy call one more Redis PUBLISH (Flower sees a call once received).
 CELERY_TASK_SEND_SENT_EVENT = False
@@ -250,6 +252,9 @@ CELERY_DB_REUSE_MAX = env_int('CELERY_DB_REUSE_MAX', 1000)
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # The per-call JSON lines go to stdout as they are (one JSON object a line), not wrapped in log records.
 CELERY_WORKER_REDIRECT_STDOUTS = False
+# How often a running call's worker beats its row (and so how soon a cancel reaches a call whose revoke was
+# lost); a delivery takes over from a worker whose beat is older than lease_seconds.
+WORKERS_HEARTBEAT_SECONDS = env_float('WORKERS_HEARTBEAT_SECONDS', 5.0)
 # How often a lane worker re-reads the config to resize its pool (the config cache refresh).
 WORKERS_RECONCILE_SECONDS = env_float('WORKERS_RECONCILE_SECONDS', CAPACITY_CONFIG_CACHE_SECONDS)
 

@@ -23,6 +23,7 @@ from workers.models import FINAL_STATES, HeavyCall, State
 
 TRUTHY = ('true', '1', 'yes', 'on')
 MAX_POLL_SECONDS = 30
+CANCEL_WAIT_SECONDS = 3  # how long DELETE of a running call waits for its work to stop
 
 
 class HealthView(APIView):
@@ -118,8 +119,16 @@ def accepted(call):
 
 
 def idempotency_key(request):
+    """The Idempotency-Key header as the client wrote it: WSGI hands header bytes over as latin-1, and a
+    key is UTF-8 text of at most 255 characters."""
     key = request.headers.get('Idempotency-Key') or None
-    if key is not None and len(key) > 255:
+    if key is None:
+        return None
+    try:
+        key = key.encode('latin-1').decode('utf-8')
+    except UnicodeError:
+        raise errors.exceptions.ValidationError({'Idempotency-Key': ['Must be UTF-8 text.']}) from None
+    if len(key) > 255:
         raise errors.exceptions.ValidationError({'Idempotency-Key': ['At most 255 characters.']})
     return key
 
@@ -251,8 +260,13 @@ class TaskView(APIView):
     @extend_schema(responses={200: TASK, 404: ERROR, 409: ERROR})
     def delete(self, request, call_id):
         call = self.get_call(request, call_id)
-        if lifecycle.cancel(call) is None:
+        was = lifecycle.cancel(call)
+        if was is None:
             raise errors.Conflict(f'The task already ended ({call.state}).')
+        if was == State.RUNNING:
+            # Answer once the work has stopped (its worker confirms); a worker the revoke didn't reach
+            # stops it at its next heartbeat, and the answer doesn't wait for that.
+            lifecycle.wait_stopped(call, CANCEL_WAIT_SECONDS)
         return task_response(call)
 
 

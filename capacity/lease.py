@@ -92,14 +92,16 @@ class Lease:
 class LeaseRenewer(threading.Thread):
     """Renews a lease every `interval` s until stopped, the lease is lost, or `max_hold` s have passed.
 
-    `on_tick()`, when given, runs after each renewal (the worker's heartbeat on the call's row), and
-    `on_exit()` when the thread ends (it closes what the thread opened, e.g. its database connection).
+    `on_tick()`, when given, runs every `tick` s (at most `interval`; the worker's heartbeat on the call's
+    row), and then the thread goes on after a lost lease, only without renewing; `on_exit()` runs when the
+    thread ends (it closes what the thread opened, e.g. its database connection).
     """
 
-    def __init__(self, lease, interval, max_hold, clock=time.monotonic, on_tick=None, on_exit=None):
+    def __init__(self, lease, interval, max_hold, clock=time.monotonic, on_tick=None, on_exit=None, tick=None):
         super().__init__(name='ocl-capacity-lease', daemon=True)
         self.lease = lease
         self.interval = interval
+        self.tick = min(tick or interval, interval)
         self.deadline = clock() + max_hold
         self.clock = clock
         self.on_tick = on_tick
@@ -115,10 +117,13 @@ class LeaseRenewer(threading.Thread):
                 self.on_exit()
 
     def tick_until_stopped(self):
-        while not self.finished.wait(self.interval):
-            if self.clock() >= self.deadline:
+        renewed_at = self.clock()
+        while not self.finished.wait(self.tick):
+            now = self.clock()
+            if now >= self.deadline:
                 return
-            if not self.lease.lease_lost:
+            if not self.lease.lease_lost and now - renewed_at >= self.interval - 1e-3:
+                renewed_at = now
                 self.lease.renew()
                 self.renewals += 1
             if self.on_tick is not None:

@@ -5,6 +5,8 @@ DNS lookup or a walk through the Sentinels. The thread is a daemon so an operati
 up a process's exit (a ThreadPoolExecutor thread would: the interpreter joins those at exit). Its queue is
 short: when it is full, the caller fails at once instead of waiting behind a stuck operation.
 
+The same thread class runs the broker's publishes (workers.publisher), for the same reason.
+
 The hand-off is on the path of every admission, so it is built from the cheapest primitives CPython has:
 a C `SimpleQueue` for the jobs and, per job, two plain locks instead of a `concurrent.futures.Future` (whose
 Condition allocates and notifies waiter locks in Python). `Job` keeps the part of the Future interface the
@@ -77,10 +79,14 @@ class Job:
 
 
 class RedisThread:
-    def __init__(self, max_queued=MAX_QUEUED):
+    """One daemon thread running Redis operations in turn; `name` says whose (the lane store's, the
+    publisher's)."""
+
+    def __init__(self, max_queued=MAX_QUEUED, name='ocl-capacity-redis', busy='the capacity Redis thread is busy'):
         self.max_queued = max_queued
+        self.busy = busy
         self.jobs = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self.run, name='ocl-capacity-redis', daemon=True)
+        self.thread = threading.Thread(target=self.run, name=name, daemon=True)
         self.thread.start()
 
     def submit(self, op, *args):
@@ -88,7 +94,7 @@ class RedisThread:
         # Two callers may both see one place left and both queue: the bound is kept to within the number of
         # threads of a process, which is what "short" needs.
         if self.jobs.qsize() >= self.max_queued:
-            raise redis.ConnectionError('the capacity Redis thread is busy')
+            raise redis.ConnectionError(self.busy)
         job = Job(op, args)
         self.jobs.put(job)
         return job

@@ -4,18 +4,24 @@ A plain function, callable and testable without a broker (workers.tasks wraps it
 applies what workers.lifecycle decides and never writes a call's state itself:
 
 1. load the row (the API commits it right after publishing) and ask `lifecycle.start` to claim it: an
-   expired call is ended unrun, a cancelled or finished one skipped, a duplicate of a call that runs
-   elsewhere dropped;
+   expired call is ended unrun, a cancelled or finished one skipped; a message of a call that runs on a live
+   worker raises Busy (the task looks at it again later: a duplicate, or a redelivery from a dying worker);
 2. renew its leases (all or nothing; a redelivered call takes them again: it was admitted once) — from
    then on a dead worker's leases expire within lease_seconds;
-3. keep a heartbeat thread: it renews the leases every renew_seconds (up to max_hold_seconds) and beats
-   the row, which is how a later delivery tells a live run from a dead one;
-4. run the domain work; release the leases; record the end with `lifecycle.succeed` or `lifecycle.fail`.
+3. keep a heartbeat thread: it beats the row every WORKERS_HEARTBEAT_SECONDS (how a later delivery tells a
+   live run from a dead one) and renews the leases every renew_seconds (up to max_hold_seconds). A beat
+   that finds the call no longer its own (cancelled, and Celery's revoke didn't reach the process) stops
+   the work;
+4. run the domain work; record the end with `lifecycle.succeed` or `lifecycle.fail`; release the leases —
+   unless another delivery took the call over, which holds them now; write the log line.
 
 A lost lease is logged and never stops the work.
 """
+import ctypes
 import logging
+import threading
 
+from django.conf import settings
 from django.db import connection
 
 from capacity import failopen
@@ -27,9 +33,58 @@ from workers.models import State
 logger = logging.getLogger('heavy_lanes')
 
 
+class Busy(Exception):
+    """Another worker runs the call now: look at this message again in `retry_in` seconds."""
+
+    def __init__(self, call_id, worker, retry_in):
+        super().__init__(f'Heavy call {call_id} runs on {worker}; this delivery waits {retry_in:.0f} s')
+        self.retry_in = retry_in
+
+
+class CallStopped(BaseException):
+    """Raised inside the work of a call that is no longer this worker's (a BaseException, so the domain
+    code's `except Exception` doesn't swallow it)."""
+
+
+class Work:
+    """The domain work of one call, on the thread that runs it, and a way to stop it from another thread.
+
+    Written by hand because nothing in Celery stops a task from inside its own process on demand (revoke
+    with terminate kills the process from the worker's main process); CPython's PyThreadState_SetAsyncExc
+    raises an exception in the running thread at its next bytecode.
+    """
+
+    def __init__(self):
+        self.thread = threading.get_ident()
+        self.lock = threading.Lock()
+        self.running = False
+        self.stop_asked = False
+
+    def run(self, perform, call):
+        with self.lock:
+            self.running = True
+        try:
+            return perform(call)
+        finally:
+            with self.lock:
+                self.running = False
+                if self.stop_asked:
+                    # A stop asked for just as the work returned may still be pending: clear it.
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread), None)
+
+    def stop(self):
+        """Stop the work if it still runs; True when a stop was sent."""
+        with self.lock:
+            if not self.running or self.stop_asked:
+                return False
+            self.stop_asked = True
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread), ctypes.py_object(CallStopped))
+            return True
+
+
 def run(call_id, perform=None, node=''):
-    """Run the call `call_id` and return its result (None when it was skipped). A failure is recorded and
-    re-raised."""
+    """Run the call `call_id` and return its result (None when it was skipped or stopped). A failure is
+    recorded and re-raised."""
     perform = perform or work.perform
     call = lifecycle.load(call_id)
     if call is None:
@@ -41,9 +96,7 @@ def run(call_id, perform=None, node=''):
         lifecycle.end_unstarted(call.pk, State.EXPIRED)
         return None
     if start.kind == lifecycle.BUSY:
-        logger.warning('Heavy call %s already runs on %s; this delivery is a duplicate and is dropped',
-                       call.pk, call.worker)
-        return None
+        raise Busy(call.pk, call.worker, start.retry_in)
     if start.kind != lifecycle.RUN:
         return None  # cancelled (or already finished) before it started: its leases were released then
 
@@ -54,28 +107,37 @@ def run(call_id, perform=None, node=''):
         if not (start.redelivered and lease.retake(admission.worker_limits())):
             lease.lease_lost = True
             logger.warning('Heavy call %s runs without its leases (lease_lost)', call.pk)
-    heartbeat = start_heartbeat(call, worker, lease, config)
+    running = Work()
+    heartbeat = start_heartbeat(call, worker, lease, config, running)
     try:
-        result = perform(call)
+        result = running.run(perform, call)
+    except CallStopped:
+        end(call, worker, lease, heartbeat, recorded=False)
+        return None
     except Exception as ex:
-        finish(call, lease, heartbeat)
-        if not lifecycle.fail(call, f'{type(ex).__name__}: {ex}', worker=worker):
-            lifecycle.stopped(call.pk)
+        end(call, worker, lease, heartbeat, recorded=lifecycle.fail(call, describe(ex), worker=worker))
         raise
-    finish(call, lease, heartbeat)
-    if not lifecycle.succeed(call, result, worker=worker):
-        lifecycle.stopped(call.pk)  # cancelled while it ran: no result is kept
+    end(call, worker, lease, heartbeat, recorded=lifecycle.succeed(call, result, worker=worker))
     return result
 
 
-def start_heartbeat(call, worker, lease, config):
-    """Renew the leases and beat the row every renew_seconds while the call runs; None if it can't start.
+def describe(ex):
+    return f'{type(ex).__name__}: {ex}'
 
-    A heartbeat that can't start (no thread to be had) never stops the call: it runs on, and its leases
-    expire lease_seconds after the renewal at its start.
+
+def start_heartbeat(call, worker, lease, config, running):
+    """Beat the row and renew the leases while the call runs; None if no thread can be started.
+
+    A heartbeat that can't start never stops the call: it runs on, and its leases expire lease_seconds
+    after the renewal at its start.
     """
+    def beat():
+        if not lifecycle.beat(call, worker) and running.stop():
+            logger.warning('Heavy call %s is no longer this worker\'s (cancelled?): its work is stopped', call.pk)
+
     heartbeat = LeaseRenewer(lease, config['renew_seconds'], config['max_hold_seconds'],
-                             on_tick=lambda: lifecycle.beat(call, worker), on_exit=close_connection)
+                             tick=min(settings.WORKERS_HEARTBEAT_SECONDS, config['renew_seconds']),
+                             on_tick=beat, on_exit=close_connection)
     try:
         heartbeat.start()
     except Exception as ex:  # noqa: BLE001 - fail open, like every limiter error
@@ -89,9 +151,20 @@ def close_connection():
     connection.close()
 
 
-def finish(call, lease, heartbeat):
-    """Stop the heartbeat and release the leases; keep what the limiter met for the log line."""
+def end(call, worker, lease, heartbeat, recorded):
+    """After the work: stop the heartbeat, give the leases back and log the end.
+
+    `recorded`: lifecycle recorded this run's end. When it didn't, the call was cancelled while it ran (its
+    work has now stopped: `lifecycle.stopped`), or another delivery took it over, which holds its leases.
+    """
     if heartbeat is not None:
         heartbeat.stop()
+    if not recorded and lifecycle.taken_over(call, worker):
+        logger.warning('Heavy call %s was taken over by another delivery; this run ends without a trace', call.pk)
+        return
     lease.release()
     lifecycle.note_limiter(call, lease)
+    if recorded:
+        lifecycle.ended(call, lease)
+    else:
+        lifecycle.stopped(call.pk, lease)

@@ -7,13 +7,15 @@
 
 - `enqueue(call)` writes the row and publishes its message in one transaction: no row without a message.
 - `start(call, worker)` claims a queued call for a worker, or takes over a running one whose worker is
-  gone (a redelivery); a duplicate message of a call that runs elsewhere gets `BUSY` and must not run. A call
-  runs at most once at a time.
+  gone (a redelivery); a message of a call that runs on a live worker gets `BUSY` and must not run now: it
+  is looked at again once that worker's heartbeat would be stale (it is a duplicate if the call ends
+  first, a redelivery from a dead worker if it doesn't). A call runs at most once at a time.
 - `beat(call, worker)` is the running worker's heartbeat; False means the call is no longer its own
   (cancelled, or taken over), and the work must stop.
 - `succeed` stores the result (django-celery-results' TaskResult, by task id) and the state in one
   transaction, so a poll that sees `succeeded` finds the result and a cancelled call never gets one;
-  `fail` records the error and gives the usage back (the row is the usage record).
+  `fail` records the error and gives the usage back (the row is the usage record); `ended` writes the
+  log line and the completion notice once the worker has released the leases.
 - `cancel` ends a queued call at once (its leases go back now) or a running one (its worker stops it and
   releases its leases once it has stopped); `expire` and `end_unstarted` end a call that will never run.
 
@@ -35,7 +37,7 @@ from django.utils import timezone
 from capacity.admission import Admission, log_record
 from capacity.config import get_config
 from capacity.logs import emit
-from workers import notify
+from workers import notify, publisher
 from workers.celery import TASK_NAME, app
 from workers.models import FINAL_STATES, OPEN_STATES, HeavyCall, State
 
@@ -50,10 +52,11 @@ FAILED = 'The call failed.'
 # --- create and publish -------------------------------------------------------------------------------------
 
 def send(call):
-    """Publish the call's message on its queue, expiring at its queue deadline (by task name: the API
-    never imports the tasks module, and so none of the workers' signal handlers)."""
-    app.send_task(TASK_NAME, args=[call.pk], task_id=call.pk, queue=call.queue, expires=call.expires_at,
-                  priority=call.priority)
+    """Publish the call's message on its queue, expiring at its queue deadline, within the publish deadline
+    (workers.publisher). By task name: the API never imports the tasks module, and so none of the workers'
+    signal handlers."""
+    publisher.publish(app.send_task, TASK_NAME, args=[call.pk], task_id=call.pk, queue=call.queue,
+                      expires=call.expires_at, priority=call.priority)
 
 
 def enqueue(call, publish=None):
@@ -88,6 +91,7 @@ class Start:
 
     kind: str          # RUN, EXPIRE, ENDED or BUSY
     redelivered: bool = False
+    retry_in: float = 0.0  # BUSY: seconds until the running worker's heartbeat would be stale
 
 
 RUN, EXPIRE, ENDED, BUSY = 'run', 'expire', 'ended', 'busy'
@@ -131,18 +135,26 @@ def start(call, worker):
     claim = HeavyCall.objects.filter(pk=call.pk)
     if call.state == State.QUEUED:
         claim = claim.filter(state=State.QUEUED)
-    elif holder_gone(call, worker, now, get_config()['lease_seconds']):
+    elif holder_gone(call, worker, now, stale_seconds := get_config()['lease_seconds']):
         # Compare and set: of two deliveries taking over at once, one wins.
         claim = claim.filter(state=State.RUNNING, worker=call.worker, heartbeat_at=call.heartbeat_at)
     else:
-        return Start(BUSY, redelivered)
+        return Start(BUSY, redelivered, retry_in=busy_retry_in(call, now, stale_seconds))
     if not claim.update(state=State.RUNNING, started_at=now, attempts=F('attempts') + 1, worker=worker,
                         heartbeat_at=now):
         fresh = HeavyCall.objects.filter(pk=call.pk).values_list('state', flat=True).first()
-        return Start(BUSY if fresh == State.RUNNING else ENDED, redelivered)
+        if fresh == State.RUNNING:
+            return Start(BUSY, redelivered, retry_in=get_config()['lease_seconds'])
+        return Start(ENDED, redelivered)
     call.state, call.started_at, call.attempts = State.RUNNING, now, call.attempts + 1
     call.worker, call.heartbeat_at = worker, now
     return Start(RUN, redelivered)
+
+
+def busy_retry_in(call, now, stale_seconds):
+    """When to look again at a call another worker runs: just after its heartbeat would go stale."""
+    age = (now - call.heartbeat_at).total_seconds() if call.heartbeat_at else stale_seconds
+    return max(1.0, stale_seconds - age + 1.0)
 
 
 def beat(call, worker):
@@ -161,7 +173,8 @@ def note_limiter(call, lease):
 def succeed(call, result, worker=None):
     """Record that a running call succeeded with `result`: the result and the state in one transaction.
 
-    False (and nothing stored) when the call is no longer running on `worker` (cancelled meanwhile).
+    False (and nothing stored) when the call is no longer running on `worker` (cancelled meanwhile). The
+    caller releases the leases, then calls `ended`.
     """
     finished_at = timezone.now()
     running = HeavyCall.objects.filter(pk=call.pk, state=State.RUNNING)
@@ -172,12 +185,12 @@ def succeed(call, result, worker=None):
             return False
         app.backend.store_result(call.pk, result, states.SUCCESS)
     call.state, call.finished_at, call.error = State.SUCCEEDED, finished_at, ''
-    ended(call)
     return True
 
 
 def fail(call, error, worker=None):
-    """Record that a running call failed with `error` (a message) and give its usage back."""
+    """Record that a running call failed with `error` (a message) and give its usage back; False when it is
+    no longer running on `worker`. The caller releases the leases, then calls `ended`."""
     finished_at = timezone.now()
     error = str(error)[:ERROR_LENGTH]
     running = HeavyCall.objects.filter(pk=call.pk, state=State.RUNNING)
@@ -186,7 +199,6 @@ def fail(call, error, worker=None):
     if not running.update(state=State.FAILED, finished_at=finished_at, error=error, refunded_at=finished_at):
         return False
     call.state, call.finished_at, call.error, call.refunded_at = State.FAILED, finished_at, error, finished_at
-    ended(call)
     return True
 
 
@@ -218,8 +230,7 @@ def cancel(call):
     if was == State.QUEUED:
         lease = admission_of(call).lease()
         lease.release()
-        log_line(call, lease)
-        notify.publish(call.pk, call.state)
+        ended(call, lease)
     try:
         app.control.revoke(call.pk, terminate=(was == State.RUNNING), signal='SIGTERM')
     except Exception:  # noqa: BLE001 - the row says cancelled; a worker checks it before and while running
@@ -227,35 +238,48 @@ def cancel(call):
     return was
 
 
-def stopped(call_id):
-    """A cancelled call's work has stopped (its process was terminated): release its leases and log it."""
+def taken_over(call, worker):
+    """Whether another delivery runs `call` now (this worker was presumed gone): it holds the leases."""
+    return HeavyCall.objects.filter(pk=call.pk, state=State.RUNNING).exclude(worker=worker).exists()
+
+
+def stopped(call_id, lease=None):
+    """A cancelled call's work has stopped (its process was terminated, or its worker stopped it): release
+    its leases (`lease`, the worker's, or the admission's), mark that no worker runs it, and log it."""
     call = HeavyCall.objects.filter(pk=call_id).first()
     if call is None or call.state != State.CANCELLED:
         return False
-    lease = admission_of(call).lease()
+    lease = lease or admission_of(call).lease()
     lease.release()
-    log_line(call, lease)
-    notify.publish(call.pk, call.state)
+    HeavyCall.objects.filter(pk=call_id, state=State.CANCELLED).update(heartbeat_at=None)
+    call.heartbeat_at = None
+    ended(call, lease)
     return True
+
+
+def wait_stopped(call, seconds):
+    """Wait up to `seconds` until no worker runs `call` any more (it ended, or it was cancelled and its work
+    has stopped); True when that happened."""
+    def stopped_now():
+        call.refresh_from_db(fields=['state', 'heartbeat_at', 'finished_at'])
+        return call.state in FINAL_STATES and (call.state != State.CANCELLED or call.heartbeat_at is None)
+    return notify.wait_for(call.pk, stopped_now, seconds)
 
 
 def end_unstarted(call_id, state):
     """End a call that won't run (`expired` past its deadline, `cancelled` when revoked before it ran):
-    mark it if it is still open, release its leases, log it. Idempotent."""
-    call = HeavyCall.objects.filter(pk=call_id).first()
-    if call is None:
-        return False
+    mark it if it is still open, release its leases, log it. Idempotent. A call that runs (a message of
+    it expired or was revoked while another delivery runs it) is left alone, leases and all."""
     now = timezone.now()
-    if state == State.EXPIRED:
-        ended_now = HeavyCall.objects.filter(pk=call_id, state=State.QUEUED).update(state=state, finished_at=now)
-    else:
-        ended_now = HeavyCall.objects.filter(pk=call_id, state__in=OPEN_STATES).update(state=state, finished_at=now)
+    open_states = [State.QUEUED] if state == State.EXPIRED else list(OPEN_STATES)
+    ended_now = HeavyCall.objects.filter(pk=call_id, state__in=open_states).update(state=state, finished_at=now)
+    call = HeavyCall.objects.filter(pk=call_id).first()
+    if call is None or call.state == State.RUNNING:
+        return False
     lease = admission_of(call).lease()
     lease.release()
     if ended_now:
-        call.refresh_from_db()
-        log_line(call, lease)
-        notify.publish(call.pk, call.state)
+        ended(call, lease)
     return bool(ended_now)
 
 
@@ -267,9 +291,9 @@ def expire(call):
     return call
 
 
-def ended(call):
+def ended(call, lease=None):
     """What follows any end: the log line and the completion notice."""
-    log_line(call)
+    log_line(call, lease)
     notify.publish(call.pk, call.state)
 
 

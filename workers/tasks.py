@@ -1,6 +1,9 @@
 """The Celery task: a thin wrapper around workers.execution.run (imported by worker processes only)."""
+from common.database import DATABASE_DOWN
 from workers import execution
 from workers.celery import TASK_NAME, app
+
+RETRY_MAX_SECONDS = 30
 
 
 # The result is stored by workers.lifecycle.succeed, in the transaction that marks the call succeeded, so
@@ -9,4 +12,13 @@ from workers.celery import TASK_NAME, app
 @app.task(name=TASK_NAME, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def run_heavy_call(self, call_id):
     """Run one admitted heavy call (its id is the Celery task id and the lease token)."""
-    return execution.run(call_id, node=self.request.hostname or '')
+    try:
+        return execution.run(call_id, node=self.request.hostname or '')
+    except execution.Busy as busy:
+        # Another worker runs it now. Not run, not dropped: if that worker dies, this message is its
+        # redelivery; if the call ends first, the next look finds it ended.
+        raise self.retry(countdown=busy.retry_in, max_retries=None) from None
+    except DATABASE_DOWN as ex:
+        # The call's state couldn't be recorded: never acknowledge its message as handled. A new message
+        # (the same task id, its queue deadline kept) comes back after a pause that grows to 30 s.
+        raise self.retry(exc=ex, countdown=min(2 ** self.request.retries, RETRY_MAX_SECONDS), max_retries=None)

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def lines():
-    with mock.patch('workers.lifecycle.emit') as emit:
+    with mock.patch('workers.lifecycle.emit') as emit, mock.patch('workers.lifecycle.app.control.revoke'):
         yield emit
 
 
@@ -146,11 +146,13 @@ def test_a_message_whose_row_never_commits_is_dropped(make_user, lanes, monkeypa
     perform.assert_not_called()
 
 
-def test_a_duplicate_delivery_of_a_call_running_elsewhere_never_runs(make_user, lanes):
+def test_a_delivery_of_a_call_running_on_a_live_worker_doesnt_run_it_and_looks_again_later(make_user, lanes):
     call = admitted(make_user(), state='running', attempts=1, worker='other@node pid 1',
-                    heartbeat_at=timezone.now())
+                    heartbeat_at=timezone.now() - timedelta(seconds=20))
     perform = mock.Mock()
-    assert execution.run(call.pk, perform=perform, node='w@h') is None
+    with pytest.raises(execution.Busy) as busy:
+        execution.run(call.pk, perform=perform, node='w@h')
+    assert 40 <= busy.value.retry_in <= 42  # just after its heartbeat (20 s old) goes stale at 60 s
     perform.assert_not_called()
     call.refresh_from_db()
     assert call.state == 'running' and call.attempts == 1 and call.worker == 'other@node pid 1'
@@ -181,5 +183,30 @@ def test_a_cancel_while_it_runs_keeps_no_result_and_releases_the_leases_once_it_
     assert all(seen['scores'])
     call.refresh_from_db()
     assert call.state == 'cancelled' and lifecycle.result(call) is None
+    assert scores(lanes, call) == [None] * len(keys(call))
+    assert lines.call_args.args[0]['state'] == 'cancelled'
+
+
+@pytest.mark.django_db(transaction=True)  # the heartbeat and the canceller are threads of their own
+def test_a_cancel_whose_revoke_never_reached_the_worker_stops_the_work_at_its_next_heartbeat(
+        make_user, lanes, lines, settings):
+    import threading
+    import time
+    settings.WORKERS_HEARTBEAT_SECONDS = 0.05
+    call = admitted(make_user())
+    progress = {'steps': 0}
+
+    def perform(row):
+        threading.Timer(0.1, lambda: lifecycle.cancel(HeavyCall.objects.get(pk=row.pk))).start()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # work that never looks at the row itself
+            progress['steps'] += 1
+            time.sleep(0.01)
+        return {'ran': 'to the end'}
+    started = time.monotonic()
+    assert execution.run(call.pk, perform=perform, node='w@h') is None
+    assert time.monotonic() - started < 2  # stopped at a heartbeat, not after its 10 s
+    call.refresh_from_db()
+    assert call.state == 'cancelled' and call.heartbeat_at is None and lifecycle.result(call) is None
     assert scores(lanes, call) == [None] * len(keys(call))
     assert lines.call_args.args[0]['state'] == 'cancelled'
