@@ -3,8 +3,14 @@
 DRF's exception handler does the work; this adds `error_code` (and `retry_after` for a rate limit) so a
 rate-limit 429 (`rate_limited`) can be told from a capacity 429 (`capacity_exceeded`).
 """
+import logging
+
 from rest_framework import exceptions
 from rest_framework.views import exception_handler
+
+from common.database import DATABASE_DOWN
+
+logger = logging.getLogger('heavy_lanes')
 
 CODES = {
     exceptions.Throttled: 'rate_limited',
@@ -17,6 +23,10 @@ CODES = {
     exceptions.MethodNotAllowed: 'method_not_allowed',
     exceptions.UnsupportedMediaType: 'unsupported_media_type',
 }
+
+
+SERVICE_RETRY_SECONDS = 5  # the Retry-After of a 503
+
 
 
 class Conflict(exceptions.APIException):
@@ -37,7 +47,17 @@ class ServiceUnavailable(exceptions.APIException):
     default_code = 'queue_unavailable'
 
 
+class DatabaseUnavailable(ServiceUnavailable):
+    default_detail = 'The database could not record this request; nothing was changed. Please retry shortly.'
+    default_code = 'database_unavailable'
+
+
 def handle(exc, context):
+    if isinstance(exc, DATABASE_DOWN):
+        # A write refused (disk full, read-only) or a lost connection: say what failed, not "queue down".
+        logger.error('Database error answering %s: %s: %s', getattr(context.get('request'), 'path', '?'),
+                     type(exc).__name__, exc)
+        exc = DatabaseUnavailable()
     response = exception_handler(exc, context)
     if response is None:
         return None
@@ -49,5 +69,7 @@ def handle(exc, context):
     data['error_code'] = code
     if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
         data['retry_after'] = int(exc.wait + 0.999)
+    if isinstance(exc, ServiceUnavailable):
+        response['Retry-After'] = str(SERVICE_RETRY_SECONDS)
     response.data = data
     return response

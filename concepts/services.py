@@ -159,8 +159,8 @@ def _clean_match_body(data, known_url=None):
                 '(GET /sources/ lists them).')]
 
     limit = data.get('limit', DEFAULT_LIMIT)
-    if isinstance(limit, str) and limit.strip().isdigit():
-        limit = int(limit)
+    if isinstance(limit, str) and limit.strip().isascii() and limit.strip().isdecimal():
+        limit = int(limit)  # ASCII digits only: '²' and '①' are digits to str.isdigit, not to int()
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         errors['limit'] = [f'"limit" must be an integer from 1 to {MAX_LIMIT}.']
 

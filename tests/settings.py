@@ -33,5 +33,9 @@ CAPACITY_TASK_ID = os.environ.get('CAPACITY_TASK_ID') or 'test-host'
 DATABASES['default']['TEST'] = {'NAME': os.path.join(os.environ['HEAVY_LANES_VAR_DIR'], 'test-db.sqlite3')}
 if os.environ.get('HEAVY_LANES_WORKER_DB'):
     DATABASES['default']['NAME'] = os.environ['HEAVY_LANES_WORKER_DB']
+if os.environ.get('HEAVY_LANES_TEST_READ_ONLY_DB') == '1':
+    # A fault: this process's database connections refuse every write, as a full or read-only disk would.
+    DATABASES['default'].setdefault('OPTIONS', {})['init_command'] = 'PRAGMA query_only = ON'
+
 CACHES = {'default': {'BACKEND': 'django.core.cache.backends.locmem.LocMemCache'}}
 PASSWORD_HASHERS = ['django.contrib.auth.hashers.MD5PasswordHasher']

@@ -28,6 +28,7 @@ from capacity.caller import NO_FACTS, RequestFacts, get_tier
 from capacity.config import get_config
 from capacity.constants import TIERS
 from capacity.logs import emit
+from common.database import DATABASE_DOWN
 from workers import lanes, lifecycle
 from workers.models import HeavyCall
 
@@ -146,6 +147,11 @@ def enqueue(heavy, admission, publish=None):
         if winner is None:
             raise
         return winner
+    except DATABASE_DOWN as ex:
+        # The row couldn't be written (disk full, read-only): nothing was submitted, and that is what failed.
+        gate.release(admission)
+        end_in_api(admission, heavy, 'not-submitted', f'{type(ex).__name__}: {ex}'[:300])
+        raise
     except Exception as ex:
         gate.release(admission)
         end_in_api(admission, heavy, 'not-submitted', f'{type(ex).__name__}: {ex}'[:300])

@@ -35,6 +35,8 @@ def test_a_body_over_the_size_limit_is_a_413_before_it_is_read(make_user, api_as
     ({'rows': 'a,b'}, 'rows'),
     ({'rows': [{'name': 'a'}], 'limit': 0}, 'limit'),
     ({'rows': [{'name': 'a'}], 'limit': 'five'}, 'limit'),
+    ({'rows': [{'name': 'a'}], 'limit': '²'}, 'limit'),   # a digit to str.isdigit, not to int()
+    ({'rows': [{'name': 'a'}], 'limit': '①'}, 'limit'),
     ({'rows': [{'name': 'a'}], 'target_repo_url': 42}, 'target_repo_url'),
 ])
 def test_invalid_match_bodies_are_400s_naming_the_field_and_take_no_lease(
@@ -88,3 +90,63 @@ def test_malformed_config_bodies_change_nothing(make_user, api_as, db):
         response = staff.patch('/capacity/config/', body, format='json')
         assert response.status_code == 400, body
     assert staff.get('/capacity/config/').json()['version'] is None
+
+
+def raw_post(client, path, text, **headers):
+    return client.generic('POST', path, text.encode('utf-8', 'surrogatepass'), content_type='application/json',
+                          **headers)
+
+
+@pytest.mark.parametrize('path, text, field', [
+    ('/concepts/$match/?semantic=true', '{"rows": [{"name": "\\ud800"}], "target_repo_url": "/orgs/HL/sources/'
+     'TinyClinical/"}', 'rows[0].name'),
+    ('/concepts/$rerank/', '{"q": "\\udfff chest", "rows": [{"name": "a"}]}', 'q'),
+])
+def test_a_lone_surrogate_is_a_400_naming_where_it_is(path, text, field, make_user, api_as, tiny_source,
+                                                       lanes_redis, broker):
+    user = make_user()
+    response = raw_post(api_as(user), path, text)
+    assert response.status_code == 400, response.content
+    assert field in response.json()['detail']
+    assert lanes_redis.zcard(lane_key(Lane.USER, user.pk)) == 0 and not HeavyCall.objects.exists()
+
+
+def test_json_nested_three_thousand_deep_is_a_400(make_user, api_as, db):
+    response = raw_post(api_as(make_user()), '/concepts/$match/?semantic=true', '[' * 3000 + ']' * 3000)
+    assert response.status_code == 400 and response.json()['error_code'] == 'malformed_request'
+
+
+def test_metadata_nested_three_thousand_deep_is_ignored(make_user, api_as, tiny_source, lanes_redis, broker):
+    response = post(api_as(make_user()), {'rows': [{'name': 'fever'}], 'target_repo_url': tiny_source},
+                    HTTP_X_OCL_EVENT_METADATA='{"a": ' * 3000 + '1' + '}' * 3000)
+    assert response.status_code == 202 and response['X-OCL-Capacity-Decision'] == 'admitted'
+
+
+def test_an_idempotency_key_is_counted_in_characters(make_user, api_as, tiny_source, lanes_redis, broker):
+    client = api_as(make_user())
+    body = {'rows': [{'name': 'fever'}], 'target_repo_url': tiny_source}
+    key = ('é' * 255).encode('utf-8').decode('latin-1')  # what WSGI hands over for UTF-8 header bytes
+    first = post(client, body, HTTP_IDEMPOTENCY_KEY=key)
+    assert first.status_code == 202, first.content
+    assert HeavyCall.objects.get(pk=first.json()['id']).idempotency_key == 'é' * 255
+    assert post(client, body, HTTP_IDEMPOTENCY_KEY=key).json()['id'] == first.json()['id']
+    too_long = ('é' * 256).encode('utf-8').decode('latin-1')
+    assert post(client, body, HTTP_IDEMPOTENCY_KEY=too_long).status_code == 400
+
+
+def test_a_chunked_body_reaches_the_view():
+    import io
+
+    from api.wsgi import ChunkedBody
+    seen = {}
+
+    def app(environ, start_response):
+        seen['length'] = environ['CONTENT_LENGTH']
+        seen['body'] = environ['wsgi.input'].read(int(environ['CONTENT_LENGTH']))
+        return []
+    ChunkedBody(app, limit=100)({'wsgi.input_terminated': True, 'HTTP_TRANSFER_ENCODING': 'chunked',
+                                 'wsgi.input': io.BytesIO(b'{"rows": []}')}, None)
+    assert seen == {'length': '12', 'body': b'{"rows": []}'}
+    ChunkedBody(app, limit=4)({'wsgi.input_terminated': True, 'HTTP_TRANSFER_ENCODING': 'chunked',
+                               'wsgi.input': io.BytesIO(b'0123456789')}, None)
+    assert seen['length'] == '5'  # one byte over the limit: the size limit answers 413

@@ -1,5 +1,6 @@
 """Submitting heavy calls over HTTP: idempotency, waiting in the request, the waiting room, a broken
 broker, and the order of the capacity gate, rate limits and metering."""
+import contextlib
 import json
 import threading
 
@@ -216,3 +217,38 @@ def test_long_polls_share_this_hosts_waiting_slots_and_answer_at_once_when_they_
     assert second.status_code == 200 and second.json()['state'] == 'queued'
     holder.join(10)
     assert lanes_redis.zcard(lane_key(Lane.API_HEAVY_TASK, 'test-host')) == 0  # released after
+
+
+@contextlib.contextmanager
+def read_only_database():
+    """This process's database connection refuses writes (SQLite's query_only), as a full disk would."""
+    from django.db import connection
+    with connection.cursor() as cursor:
+        cursor.execute('PRAGMA query_only = ON')
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute('PRAGMA query_only = OFF')
+
+
+def test_a_database_that_refuses_writes_is_a_503_that_says_so_and_leaves_no_lease(
+        broker, lanes_redis, tiny_source, make_user, api_as):
+    user = make_user()
+    client = api_as(user)
+    with read_only_database():
+        response = match(client, tiny_source)
+    assert response.status_code == 503, response.content
+    assert response.json()['error_code'] == 'database_unavailable' and 'database' in response.json()['detail']
+    assert response['Retry-After']
+    assert lanes_redis.zcard(lane_key(Lane.USER, user.pk)) == 0
+    assert not HeavyCall.objects.exists()
+
+
+def test_a_config_change_the_database_refuses_is_a_503(make_user, api_as, transactional_db):
+    from capacity.models import CapacityConfig
+    client = api_as(make_user(is_staff=True))
+    with read_only_database():
+        response = client.patch('/capacity/config/', {'es2_knn': 5}, format='json')
+    assert response.status_code == 503 and response.json()['error_code'] == 'database_unavailable'
+    assert not CapacityConfig.objects.exists()
