@@ -226,6 +226,10 @@ CELERY_EVENT_SERIALIZER = 'json'
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# How long a new pool process may take to report that it is up before the worker kills it (Celery's default
+# is 4 s). The worker's main loop reads that report, and in a Redis stall each of its broker operations can
+# take the broker's socket timeout: with 4 s, processes forked during a stall were killed as hung.
+CELERY_WORKER_PROC_ALIVE_TIMEOUT = env_float('CELERY_WORKER_PROC_ALIVE_TIMEOUT', 30.0)
 # Must exceed the longest a message can stay unacknowledged: its queue deadline plus max_hold_seconds
 # (600 + 900 s with the defaults). Shorter redelivers a dead node's calls sooner, but a call still running
 # past it would be delivered twice.

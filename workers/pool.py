@@ -25,15 +25,17 @@ from capacity.config import get_config
 from capacity.keys import nodes_key, pool_key
 from common import connections
 from common.process import ForkGuard
-from workers import lanes
+from workers import broker, lanes
 
 logger = logging.getLogger('heavy_lanes')
 HEARTBEAT_FACTOR = 3  # a node is live while it renewed its heartbeat within 3 reconcile intervals
 
 
-# Held while the reconciler works, and taken by every fork of this process (pool_grow forks a new pool
-# process): a child forked while this thread was inside the database or Redis client could inherit one of
-# their locks held, and hang on its first call. Forks wait for the reconciler to be idle instead.
+# Held while the reconciler reads the config, and taken by every fork of this process (pool_grow forks a
+# new pool process): a child forked while this thread was inside the database client (SQLite's own mutexes)
+# could inherit a lock held and hang on its first query. Its Redis clients are per process
+# (common.connections), so a child never touches them, and the fork needn't wait for Redis I/O: a Redis
+# stall held the guard, and with it every fork, for the socket timeouts.
 fork_guard = ForkGuard()
 
 
@@ -86,8 +88,9 @@ class PoolReconciler(threading.Thread):
     def run(self):
         while not self.stopped.is_set():
             try:
-                with fork_guard:
-                    self.reconcile()
+                with fork_guard:  # the config may be read from the database: not while the process forks
+                    config = get_config()
+                self.reconcile(config)  # Redis through this process's own clients: a child makes its own
             except Exception:  # noqa: BLE001 - keep reconciling; the next tick may work
                 logger.exception('Pool reconcile failed on %s', self.hostname)
             self.stopped.wait(self.interval)
@@ -111,8 +114,8 @@ class PoolReconciler(threading.Thread):
         task_consumer = getattr(self.consumer, 'task_consumer', None)
         return bool(task_consumer and task_consumer.consuming_from(queue))
 
-    def reconcile(self):
-        config = get_config()
+    def reconcile(self, config=None):
+        config = config or get_config()
         for queue in self.queues:
             nodes = live_nodes(self.client, queue, self.hostname, self.interval * HEARTBEAT_FACTOR)
             share = share_of(lanes.get_queue(queue).pool_size(config), nodes, self.hostname)
@@ -142,11 +145,14 @@ class PoolReconciler(threading.Thread):
         logger.info('Lane %s on %s sized %s -> %s', queue, self.hostname, current, share)
 
     def publish(self, queue, share, config):
+        acks = broker.ack_status()
         self.client.hset(pool_key(queue), self.hostname, json.dumps({
             'share': share,
             'configured': lanes.get_queue(queue).pool_size(config),
             'processes': self.processes(),
             'consuming': self.consuming(queue),
+            'acks_unsettled': acks['unsettled'],
+            'acks_failed_total': acks['failed_total'],
             'updated': time.time(),
         }))
         self.client.expire(pool_key(queue), int(self.interval * HEARTBEAT_FACTOR * 2) + 1)

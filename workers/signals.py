@@ -6,10 +6,13 @@ these handlers runs, or is even registered, outside a worker.
 - `task_revoked`: a call that won't run or was stopped — ended and its leases freed (workers.lifecycle);
 - `celeryd_after_setup`, `worker_ready`, `worker_shutdown`: don't consume a paused queue at start, and
   start and stop the node's pool reconciler (workers.pool).
+
+It also replaces Celery's event heartbeat with one that doesn't retry (see `Heart`).
 """
 import logging
 
 from celery.signals import celeryd_after_setup, task_revoked, worker_ready, worker_shutdown
+from celery.worker import heartbeat
 
 from capacity.config import get_config
 from workers import lanes, lifecycle
@@ -17,6 +20,23 @@ from workers.models import State
 from workers.pool import PoolReconciler
 
 logger = logging.getLogger('heavy_lanes')
+
+
+class Heart(heartbeat.Heart):
+    """The worker's `worker-heartbeat` event, sent once instead of retried until the broker answers.
+
+    Celery sends it from the worker's main loop with `retry=True` and no limit, so while Redis stalled the
+    loop stopped in kombu's reconnect loop: no message was received and no acknowledgement sent until Redis
+    came back. Sent once, a heartbeat that fails is buffered by the event dispatcher (its
+    buffer_while_offline) and the loop goes on. Celery has no setting for this; the step that builds the
+    heartbeat reads `celery.worker.heartbeat.Heart`, which this module sets (in worker processes only).
+    """
+
+    def _send(self, event, retry=False):
+        return super()._send(event, retry=False)
+
+
+heartbeat.Heart = Heart
 
 
 @task_revoked.connect

@@ -63,6 +63,8 @@ def get_queues(config):
         entry['workers'] = {node: {'processes': pool['processes'], 'share': pool['share'],
                                    'consuming': pool['consuming'],
                                    'drift': pool['processes'] - pool['share'] if pool['consuming'] else 0,
+                                   'acks_unsettled': pool.get('acks_unsettled', 0),
+                                   'acks_failed_total': pool.get('acks_failed_total', 0),
                                    'seen_seconds_ago': round(time.time() - pool['updated'], 1)}
                             for node, pool in sorted(pools.items())}
         consuming = [pool for pool in pools.values() if pool['consuming']]

@@ -13,7 +13,7 @@ RETRY_MAX_SECONDS = 30
 def run_heavy_call(self, call_id):
     """Run one admitted heavy call (its id is the Celery task id and the lease token)."""
     try:
-        return execution.run(call_id, node=self.request.hostname or '')
+        execution.run(call_id, node=self.request.hostname or '')  # the result is stored; Celery needn't log it
     except execution.Busy as busy:
         # Another worker runs it now. Not run, not dropped: if that worker dies, this message is its
         # redelivery; if the call ends first, the next look finds it ended.

@@ -1,0 +1,99 @@
+"""A small real stack for fault tests: a private redis-server (the lanes, db 0, and the broker, db 1, as in
+production), gunicorn serving the API, and real prefork lane workers, all started by this test and
+stopped by their process groups. The test talks to it over HTTP with real tokens and injects real faults
+(SIGSTOP/SIGCONT of Redis, SIGKILL of processes).
+"""
+import os
+import sys
+import time
+
+import redis
+import requests
+from django.db import connection
+
+from devstack.processes import Child, free_port
+from tests.integration.workers.conftest import ROOT, wait_until
+
+
+class FaultStack:
+    def __init__(self, redis_server, key_prefix, tmp_path, start_worker):
+        self.redis_server = redis_server
+        self.key_prefix = key_prefix
+        self.tmp_path = tmp_path
+        self.start_worker = start_worker
+        self.lanes_url = f'redis://127.0.0.1:{redis_server.port}/0'
+        self.broker_url = f'redis://127.0.0.1:{redis_server.port}/1'
+        self.apis = []
+        self.env = {
+            **os.environ, 'DJANGO_SETTINGS_MODULE': 'tests.settings',
+            'HEAVY_LANES_WORKER_DB': str(connection.settings_dict['NAME']),
+            'CAPACITY_KEY_PREFIX': key_prefix, 'REDIS_URL': self.lanes_url, 'CELERY_BROKER_URL': self.broker_url,
+            'CAPACITY_CONFIG_CACHE_SECONDS': '1', 'WORKERS_RECONCILE_SECONDS': '0.5',
+        }
+
+    # --- processes
+
+    def api(self, host='api-a', threads=8, **env):
+        """Start one gunicorn (one process, `threads` threads) as API host `host`; return its URL."""
+        port = free_port()
+        child = Child(f'gunicorn-{host}', [
+            sys.executable, '-m', 'gunicorn', 'api.wsgi', '--bind', f'127.0.0.1:{port}', '--workers', '1',
+            '--worker-class', 'gthread', '--threads', str(threads), '--timeout', '120'],
+            self.tmp_path / f'gunicorn-{host}.log', cwd=ROOT).start(
+            {**self.env, 'CAPACITY_TASK_ID': host, **{k: str(v) for k, v in env.items()}})
+        self.apis.append(child)
+        url = f'http://127.0.0.1:{port}'
+
+        def up():
+            try:
+                return requests.get(url + '/healthz', timeout=1).status_code == 200
+            except requests.RequestException:
+                return False
+        wait_until(up, timeout=30, interval=0.2, message=f'gunicorn {host} to answer')
+        return url
+
+    def worker(self, name='lanes', queues=('interactive', 'es2_knn', 'api_heavy'), concurrency=1, **env):
+        return self.start_worker(name=name, queues=queues, concurrency=concurrency,
+                                 REDIS_URL=self.lanes_url, CELERY_BROKER_URL=self.broker_url, **env)
+
+    def stop(self):
+        for child in self.apis:
+            child.kill()
+
+    # --- looking at it
+
+    def lanes(self):
+        return redis.Redis.from_url(self.lanes_url, socket_timeout=5)
+
+    def leases(self):
+        """Unexpired leases in every lane of this test's prefix."""
+        client = self.lanes()
+        try:
+            seconds, micros = client.time()
+            now_ms = seconds * 1000 + micros // 1000
+            pattern = '{' + self.key_prefix + '}:*'
+            return sum(client.zcount(key, f'({now_ms}', '+inf') for key in client.scan_iter(match=pattern, count=1000)
+                       if client.type(key) == b'zset')
+        finally:
+            client.close()
+
+    def status(self):
+        """/capacity/status/ as this stack's Redis and the workers' pool registry have it (read in-process)."""
+        from capacity.config import get_current
+        from capacity.status import get_status
+        from django.test import override_settings
+        with override_settings(REDIS_URL=self.lanes_url, REDIS_HOST='127.0.0.1', REDIS_PORT=self.redis_server.port,
+                               REDIS_DB=0, CELERY_BROKER_URL=self.broker_url):
+            from common import connections
+            connections.forget()
+            try:
+                return get_status(get_current()[1])
+            finally:
+                connections.forget()
+
+    def pause_redis(self, seconds):
+        self.redis_server.pause()
+        try:
+            time.sleep(seconds)
+        finally:
+            self.redis_server.resume()
