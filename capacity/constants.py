@@ -76,7 +76,9 @@ DEFAULTS = {
     'per_user': {STAFF: 4, CORE: 3, EARLY_ACCESS: 2, PREVIEW: 1},  # keyed by the user's tier
     'lease_seconds': 60,      # a running call's lease expires this long after its last renewal
     'renew_seconds': 20,
-    'max_hold_seconds': 900,  # renewal stops after this, in case a call never finishes
+    # The longest a call runs: its soft time limit (renewal stops then too); the hard limit, which kills its
+    # process, is renew_seconds later (capacity.config.time_limits).
+    'max_hold_seconds': 900,
     'retry_after': {
         'base': 5,     # seconds per call ahead in the fullest lane
         'max': 30,

@@ -35,7 +35,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from capacity.admission import Admission, log_record
-from capacity.config import get_config
+from capacity.config import get_config, time_limits
 from capacity.logs import emit
 from workers import notify, publisher
 from workers.celery import TASK_NAME, app
@@ -47,16 +47,21 @@ ROW_WAIT_SECONDS = 5.0
 CANCELLED = 'The call was cancelled.'
 EXPIRED = 'The call waited in its queue past its deadline and was not run.'
 FAILED = 'The call failed.'
+SOFT_LIMIT = 'The call was stopped by its time limit ({seconds} s, max_hold_seconds) and did not finish.'
+HARD_LIMIT = ('The call was stopped by its hard time limit ({seconds} s): its worker process did not end it '
+              'at the soft limit and was killed.')
 
 
 # --- create and publish -------------------------------------------------------------------------------------
 
 def send(call):
-    """Publish the call's message on its queue, expiring at its queue deadline, within the publish deadline
-    (workers.publisher). By task name: the API never imports the tasks module, and so none of the workers'
-    signal handlers."""
+    """Publish the call's message on its queue, expiring at its queue deadline, with the time limits of the
+    config in force, within the publish deadline (workers.publisher). By task name: the API never imports
+    the tasks module, and so none of the workers' signal handlers."""
+    limits = time_limits(get_config())
     publisher.publish(app.send_task, TASK_NAME, args=[call.pk], task_id=call.pk, queue=call.queue,
-                      expires=call.expires_at, priority=call.priority)
+                      expires=call.expires_at, priority=call.priority, soft_time_limit=limits.soft,
+                      time_limit=limits.hard)
 
 
 def enqueue(call, publish=None):
@@ -199,6 +204,22 @@ def fail(call, error, worker=None):
     if not running.update(state=State.FAILED, finished_at=finished_at, error=error, refunded_at=finished_at):
         return False
     call.state, call.finished_at, call.error, call.refunded_at = State.FAILED, finished_at, error, finished_at
+    return True
+
+
+def time_out(call_id, seconds, node):
+    """A call whose pool process its worker killed at the hard time limit (`seconds`): end it `failed`
+    with that reason and release its leases (from the worker's main process, where Celery enforces the
+    limit). Only a run on `node` is ended: a later delivery elsewhere owns the call. Idempotent."""
+    call = HeavyCall.objects.filter(pk=call_id).first()
+    if call is None or call.state != State.RUNNING or not call.worker.startswith(f'{node} pid '):
+        return False
+    if not fail(call, HARD_LIMIT.format(seconds=seconds), worker=call.worker):
+        return False
+    lease = admission_of(call).lease()
+    lease.release()
+    note_limiter(call, lease)
+    ended(call, lease)
     return True
 
 

@@ -4,12 +4,16 @@ Celery imports this module at worker start (the app's `include`); an API process
 these handlers runs, or is even registered, outside a worker.
 
 - `task_revoked`: a call that won't run or was stopped — ended and its leases freed (workers.lifecycle);
+- `task_failure` with TimeLimitExceeded: Celery killed the pool process running a call at its hard time
+  limit — the call ends `failed` saying so and its leases are freed (lifecycle.time_out); the message is
+  acknowledged by Celery (acks_on_timeout), so it is not delivered again;
 - `celeryd_after_setup`, `worker_ready`, `worker_shutdown`: don't consume a paused queue at start, and
   start and stop the node's pool reconciler (workers.pool).
 """
 import logging
 
-from celery.signals import celeryd_after_setup, task_revoked, worker_ready, worker_shutdown
+from celery.exceptions import TimeLimitExceeded
+from celery.signals import celeryd_after_setup, task_failure, task_revoked, worker_ready, worker_shutdown
 
 from capacity.config import get_config
 from workers import lanes, lifecycle
@@ -36,14 +40,29 @@ def end_revoked(request=None, terminated=False, expired=False, **kwargs):
         logger.exception('Could not end revoked heavy call %s', call_id)
 
 
+@task_failure.connect
+def end_timed_out(task_id=None, exception=None, **kwargs):
+    """The hard time limit: sent in the main process after it killed the pool process. (Other failures
+    are sent in the pool process, where workers.execution already recorded them.)"""
+    if not task_id or not isinstance(exception, TimeLimitExceeded):
+        return
+    seconds = exception.args[0] if exception.args else '?'
+    try:
+        lifecycle.time_out(task_id, seconds, _node[0] if _node else '')
+    except Exception:  # noqa: BLE001 - never break the worker's main loop; the leases expire on their own
+        logger.exception('Could not end timed-out heavy call %s', task_id)
+
+
 _reconciler = None
 _served = []  # the queues this node was started for (-Q), whether it consumes them now or not
+_node = []    # this worker's node name ('<queue>@<host>')
 
 
 @celeryd_after_setup.connect
 def skip_paused_queues(sender=None, instance=None, **kwargs):
     """Don't start consuming a queue whose pool size is 0: a call it took would run in a paused lane."""
     queues = instance.app.amqp.queues
+    _node[:] = [sender]
     _served[:] = [name for name in (queues.consume_from or {}) if name in lanes.QUEUE_NAMES]
     try:
         config = get_config()

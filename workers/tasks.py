@@ -12,8 +12,9 @@ RETRY_MAX_SECONDS = 30
 @app.task(name=TASK_NAME, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def run_heavy_call(self, call_id):
     """Run one admitted heavy call (its id is the Celery task id and the lease token)."""
+    limits = self.request.timelimit or (None, None)  # (hard, soft) seconds, from the message
     try:
-        return execution.run(call_id, node=self.request.hostname or '')
+        return execution.run(call_id, node=self.request.hostname or '', soft_limit=limits[1])
     except execution.Busy as busy:
         # Another worker runs it now. Not run, not dropped: if that worker dies, this message is its
         # redelivery; if the call ends first, the next look finds it ended.
