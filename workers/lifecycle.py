@@ -34,10 +34,11 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from capacity import counters
 from capacity.admission import Admission, log_record
 from capacity.config import get_config, time_limits
 from capacity.logs import emit
-from workers import notify, publisher
+from workers import messages, notify, publisher
 from workers.celery import TASK_NAME, app
 from workers.models import FINAL_STATES, OPEN_STATES, HeavyCall, State
 
@@ -248,10 +249,12 @@ def cancel(call):
         call.refresh_from_db()
         return None
     call.refresh_from_db()
+    counters.record_end(call.queue, State.CANCELLED)  # counted here, at the transition (its worker may be gone)
     if was == State.QUEUED:
         lease = admission_of(call).lease()
         lease.release()
-        ended(call, lease)
+        ended(call, lease, count=False)
+        discard_message(call)
     try:
         app.control.revoke(call.pk, terminate=(was == State.RUNNING), signal='SIGTERM')
     except Exception:  # noqa: BLE001 - the row says cancelled; a worker checks it before and while running
@@ -274,7 +277,7 @@ def stopped(call_id, lease=None):
     lease.release()
     HeavyCall.objects.filter(pk=call_id, state=State.CANCELLED).update(heartbeat_at=None)
     call.heartbeat_at = None
-    ended(call, lease)
+    ended(call, lease, count=False)  # counted when it was cancelled
     return True
 
 
@@ -287,10 +290,12 @@ def wait_stopped(call, seconds):
     return notify.wait_for(call.pk, stopped_now, seconds)
 
 
-def end_unstarted(call_id, state):
+def end_unstarted(call_id, state, purge=False):
     """End a call that won't run (`expired` past its deadline, `cancelled` when revoked before it ran):
     mark it if it is still open, release its leases, log it. Idempotent. A call that runs (a message of
-    it expired or was revoked while another delivery runs it) is left alone, leases and all."""
+    it expired or was revoked while another delivery runs it) is left alone, leases and all. `purge`: its
+    message may still wait on the broker (no worker took it): take it out, so the queue's depth counts only
+    calls that still wait."""
     now = timezone.now()
     open_states = [State.QUEUED] if state == State.EXPIRED else list(OPEN_STATES)
     ended_now = HeavyCall.objects.filter(pk=call_id, state__in=open_states).update(state=state, finished_at=now)
@@ -301,19 +306,33 @@ def end_unstarted(call_id, state):
     lease.release()
     if ended_now:
         ended(call, lease)
+    if purge:
+        discard_message(call)
     return bool(ended_now)
 
 
 def expire(call):
-    """A queued call past its deadline is expired, even before a worker sees its message."""
+    """A queued call past its deadline is expired, even before a worker sees its message (which is taken
+    off the broker)."""
     if call.state == State.QUEUED and timezone.now() >= call.expires_at:
-        end_unstarted(call.pk, State.EXPIRED)
+        end_unstarted(call.pk, State.EXPIRED, purge=True)
         call.refresh_from_db()
     return call
 
 
-def ended(call, lease=None):
-    """What follows any end: the log line and the completion notice."""
+def discard_message(call):
+    """Take a call that will never run off its queue's broker lists; best effort (the sweep retries)."""
+    try:
+        messages.discard(call.pk, call.queue)
+    except Exception as ex:  # noqa: BLE001 - the row says it ended; a worker that gets the message skips it
+        logger.warning('Message of ended call %s left on the broker (%s: %s); the sweep takes it out',
+                       call.pk, type(ex).__name__, ex)
+
+
+def ended(call, lease=None, count=True):
+    """What follows any end: the counter (once per call: `count`), the log line and the completion notice."""
+    if count:
+        counters.record_end(call.queue, call.state)
     log_line(call, lease)
     notify.publish(call.pk, call.state)
 
