@@ -259,6 +259,17 @@ CELERY_WORKER_REDIRECT_STDOUTS = False
 WORKERS_HEARTBEAT_SECONDS = env_float('WORKERS_HEARTBEAT_SECONDS', 5.0)
 # How often a lane worker re-reads the config to resize its pool (the config cache refresh).
 WORKERS_RECONCILE_SECONDS = env_float('WORKERS_RECONCILE_SECONDS', CAPACITY_CONFIG_CACHE_SECONDS)
+# Maintenance, sent by Celery beat to the `maintenance` queue (workers/sweep.py, workers/retention.py):
+# the sweep ends calls past their deadline and publishes again the ones whose message is gone (queued
+# longer than the grace period, or running with a dead worker); retention deletes calls, with their
+# results, that ended longer ago than HEAVY_LANES_RETENTION_SECONDS (7 days).
+WORKERS_SWEEP_SECONDS = env_float('WORKERS_SWEEP_SECONDS', 30)
+WORKERS_SWEEP_GRACE_SECONDS = env_float('WORKERS_SWEEP_GRACE_SECONDS', 60)
+HEAVY_LANES_RETENTION_SECONDS = env_int('HEAVY_LANES_RETENTION_SECONDS', 7 * 24 * 3600)
+HEAVY_LANES_RETENTION_RUN_SECONDS = env_float('HEAVY_LANES_RETENTION_RUN_SECONDS', 3600)
+# Results are deleted with their calls, never on their own (a succeeded call always has its result).
+CELERY_RESULT_EXPIRES = None
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / 'celerybeat-schedule')
 
 
 def production_problems():

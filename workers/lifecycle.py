@@ -17,7 +17,11 @@
   `fail` records the error and gives the usage back (the row is the usage record); `ended` writes the
   log line and the completion notice once the worker has released the leases.
 - `cancel` ends a queued call at once (its leases go back now) or a running one (its worker stops it and
-  releases its leases once it has stopped); `expire` and `end_unstarted` end a call that will never run.
+  releases its leases once it has stopped); `expire` and `end_unstarted` end a call that will never run;
+  `time_out` ends a call whose process was killed at its hard time limit.
+- For the sweep (workers.sweep): `overdue` and `maybe_lost` find the calls nothing else would end or run,
+  `redeliver` publishes again the message of one that lost it; for retention (workers.retention),
+  `forget_finished` deletes old calls with their results. Every end is counted once (capacity.counters).
 
 The read side is here too: `position`, `result`, `wait`, `log_line`. Workers and views call these and
 never write a call's state themselves; this is the only module that reads the stored results.
@@ -335,6 +339,58 @@ def ended(call, lease=None, count=True):
         counters.record_end(call.queue, call.state)
     log_line(call, lease)
     notify.publish(call.pk, call.state)
+
+
+# --- the sweep's and retention's transitions (workers.sweep, workers.retention) --------------------------
+
+def overdue(now=None, limit=500):
+    """Queued calls whose queue deadline passed (they will never run), oldest deadline first."""
+    now = now or timezone.now()
+    return list(HeavyCall.objects.filter(state=State.QUEUED, expires_at__lte=now).order_by('expires_at')[:limit])
+
+
+def maybe_lost(grace_seconds, stale_seconds, now=None, limit=500):
+    """Calls that may have lost their message: queued for more than `grace_seconds` and before their
+    deadline, or running with a heartbeat older than `stale_seconds` (their worker is gone)."""
+    now = now or timezone.now()
+    queued = Q(state=State.QUEUED, created_at__lt=now - timedelta(seconds=grace_seconds), expires_at__gt=now)
+    stale = Q(state=State.RUNNING) & (Q(heartbeat_at__isnull=True) |
+                                      Q(heartbeat_at__lt=now - timedelta(seconds=stale_seconds)))
+    return list(HeavyCall.objects.filter(queued | stale).order_by('created_at')[:limit])
+
+
+def redeliver(call, stale_seconds, now=None):
+    """Publish again the message of a call that lost it (same task id): a queued call before its
+    deadline, or a running one whose worker is gone (the next delivery takes over, see `start`). Reads the
+    row again first; returns whether it was sent. A message found later as well is a duplicate, which
+    `start` drops."""
+    now = now or timezone.now()
+    fresh = HeavyCall.objects.filter(pk=call.pk).first()
+    if fresh is None:
+        return False
+    if fresh.state == State.QUEUED:
+        if now >= fresh.expires_at:
+            return False
+    elif fresh.state != State.RUNNING or (fresh.heartbeat_at is not None and
+                                          fresh.heartbeat_at >= now - timedelta(seconds=stale_seconds)):
+        return False
+    send(fresh)
+    logger.warning('Heavy call %s (%s) had no message on the broker; published it again', fresh.pk, fresh.state)
+    return True
+
+
+def forget_finished(before, limit=500):
+    """Delete up to `limit` calls that ended before `before`, with their stored results, in one
+    transaction (a call is never left without its result, nor a result without its call); return how many
+    calls were deleted."""
+    from django_celery_results.models import TaskResult
+    with transaction.atomic():
+        ids = list(HeavyCall.objects.filter(state__in=FINAL_STATES, finished_at__lt=before)
+                   .order_by('finished_at').values_list('pk', flat=True)[:limit])
+        if ids:
+            TaskResult.objects.filter(task_id__in=ids).delete()
+            HeavyCall.objects.filter(pk__in=ids).delete()
+    return len(ids)
 
 
 # --- the read side ------------------------------------------------------------------------------------------

@@ -58,7 +58,11 @@ class HeavyCall(models.Model):
             models.UniqueConstraint(fields=['owner', 'idempotency_key'], name='heavy_call_idempotency',
                                     condition=models.Q(idempotency_key__isnull=False)),
         ]
-        indexes = [models.Index(fields=['queue', 'state', 'priority', 'created_at'], name='heavy_call_queue')]
+        indexes = [
+            models.Index(fields=['queue', 'state', 'priority', 'created_at'], name='heavy_call_queue'),
+            # Retention (finished before a time) and the sweep and metrics (open calls) read by state.
+            models.Index(fields=['state', 'finished_at'], name='heavy_call_state_finished'),
+        ]
 
     def __str__(self):
         return f'{self.endpoint} {self.id} {self.state}'

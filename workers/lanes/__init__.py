@@ -58,6 +58,9 @@ QUEUES = (
 )
 BY_NAME = {queue.name: queue for queue in QUEUES}
 QUEUE_NAMES = tuple(BY_NAME)
+# Not a lane and not in QUEUES: the queue of the periodic maintenance tasks Celery beat sends (the sweep,
+# retention), consumed by a small worker of its own, never by a lane worker (whose pool is a lane's limit).
+MAINTENANCE_QUEUE = 'maintenance'
 
 
 class UnknownQueue(LookupError):
