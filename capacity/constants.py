@@ -45,8 +45,8 @@ ENDPOINTS = (MATCH, RERANK)
 ERROR_CODE = 'capacity_exceeded'
 LOG_EVENT = 'ocl_capacity'
 CONFIG_LOG_EVENT = 'ocl_capacity_config'
-SOURCE_API, SOURCE_COMMAND = 'api', 'command'
-CONFIG_SOURCES = (SOURCE_API, SOURCE_COMMAND)
+SOURCE_API, SOURCE_COMMAND, SOURCE_FLOWER = 'api', 'command', 'flower'
+CONFIG_SOURCES = (SOURCE_API, SOURCE_COMMAND, SOURCE_FLOWER)  # flower: a lane worker's pool resized by hand
 
 HEADER_DECISION = 'X-OCL-Capacity-Decision'
 HEADER_LIMIT = 'X-OCL-Capacity-Limit'
