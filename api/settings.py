@@ -61,6 +61,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    'api.middleware.RequestId',
     'api.middleware.RequestSizeLimit',
     'corsheaders.middleware.CorsMiddleware',
     'django.middleware.security.SecurityMiddleware',
@@ -189,21 +190,20 @@ METRICS_TOKEN = os.environ.get('METRICS_TOKEN', '')
 CORS_ALLOW_ALL_ORIGINS = env_bool('CORS_ALLOW_ALL_ORIGINS', default=not PRODUCTION)
 CORS_ALLOWED_ORIGINS = env_list('CORS_ALLOWED_ORIGINS')
 CORS_EXPOSE_HEADERS = [
-    'Retry-After', 'Location',
+    'Retry-After', 'Location', 'X-Request-Id',
     'X-OCL-Capacity-Decision', 'X-OCL-Capacity-Limit', 'X-OCL-Capacity-In-Flight', 'X-OCL-Capacity-Tier',
     'X-OCL-Capacity-Tier-Limit', 'X-OCL-Capacity-Tier-In-Flight', 'X-OCL-Capacity-Suggested-Concurrency',
 ]
 CORS_ALLOW_HEADERS = [
     'accept', 'authorization', 'content-type', 'origin', 'user-agent', 'x-csrftoken', 'x-requested-with',
-    'idempotency-key', 'prefer', 'x-ocl-event-metadata', 'x-ocl-request-source',
+    'idempotency-key', 'prefer', 'x-ocl-event-metadata', 'x-ocl-request-source', 'x-request-id',
 ]
 
-LOGGING = {
-    'version': 1,
-    'disable_existing_loggers': False,
-    'handlers': {'console': {'class': 'logging.StreamHandler'}},
-    'loggers': {'heavy_lanes': {'handlers': ['console'], 'level': os.environ.get('LOG_LEVEL', 'INFO')}},
-}
+# One JSON object a line on stderr for every logger, with the request id (common.jsonlog); Celery workers and
+# beat use the same dict (workers.celery), gunicorn its JSON logger class (api.gunicorn_logging).
+from common.jsonlog import config as _logging_config  # noqa: E402 - no Django import in it
+
+LOGGING = _logging_config(os.environ.get('LOG_LEVEL', 'INFO'))
 
 # --- Celery: Redis broker (a separate one may be named), results in the database, JSON only.
 # With REDIS_SENTINELS and no CELERY_BROKER_URL, the broker is the main Redis found through the Sentinels

@@ -20,6 +20,7 @@ def api(port, logs):
         sys.executable, '-m', 'gunicorn', 'api.wsgi:application', '--bind', f'127.0.0.1:{port}',
         '--workers', workers, '--worker-class', 'sync', '--timeout', '150', '--graceful-timeout', '5',
         '--access-logfile', '-', '--error-logfile', '-', '--log-level', 'info',
+        '--logger-class', 'api.gunicorn_logging.JsonLogger',
     ], logs / 'api.log', ready=lambda: http_get(f'{url}/healthz')[0] == 200)
 
 

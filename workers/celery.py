@@ -13,9 +13,12 @@ import sys
 
 import django
 from celery import Celery
+from celery.signals import setup_logging
 from django.apps import apps
 from django.conf import settings
 from kombu import Exchange, Queue
+
+from common import jsonlog
 
 os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'api.settings')
 # One BLAS thread per pool process: the pool already has a process per core it may use, and a thread per
@@ -69,3 +72,8 @@ def flower_auth_problem(argv, environ, production):
 _problem = flower_auth_problem(sys.argv, os.environ, settings.PRODUCTION)
 if _problem:
     raise SystemExit(_problem)
+
+
+# Workers and beat log like every other process (settings.LOGGING: JSON lines with the request id). A
+# receiver of `setup_logging` stops Celery from setting up logging itself; an API process never sends it.
+setup_logging.connect(jsonlog.setup_celery_logging, weak=False)

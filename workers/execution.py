@@ -31,6 +31,7 @@ from django.db import connection
 from capacity import failopen
 from capacity.config import get_config
 from capacity.lease import LeaseRenewer
+from common import request_id
 from workers import lifecycle, work
 from workers.models import State
 
@@ -94,6 +95,11 @@ def run(call_id, perform=None, node='', soft_limit=None):
     if call is None:
         logger.warning('Heavy call %s has no row: its submission never committed; dropped', call_id)
         return None
+    with request_id.bound(call.request_id or request_id.get()):  # the row's id is the truth
+        return run_loaded(call, perform, node, soft_limit)
+
+
+def run_loaded(call, perform, node, soft_limit):
     worker = lifecycle.worker_name(node)
     start = lifecycle.start(call, worker)
     if start.kind == lifecycle.EXPIRE:

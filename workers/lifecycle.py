@@ -66,7 +66,7 @@ def send(call):
     limits = time_limits(get_config())
     publisher.publish(app.send_task, TASK_NAME, args=[call.pk], task_id=call.pk, queue=call.queue,
                       expires=call.expires_at, priority=call.priority, soft_time_limit=limits.soft,
-                      time_limit=limits.hard)
+                      time_limit=limits.hard, headers={'request_id': call.request_id or None})
 
 
 def enqueue(call, publish=None):

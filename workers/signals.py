@@ -7,15 +7,20 @@ these handlers runs, or is even registered, outside a worker.
 - `task_failure` with TimeLimitExceeded: Celery killed the pool process running a call at its hard time
   limit — the call ends `failed` saying so and its leases are freed (lifecycle.time_out); the message is
   acknowledged by Celery (acks_on_timeout), so it is not delivered again;
+- `task_prerun`, `task_postrun`: bind the call's request id (a header of its message) while it runs, in the
+  pool process, so every log line of it carries the id (common.jsonlog);
 - `celeryd_after_setup`, `worker_ready`, `worker_shutdown`: don't consume a paused queue at start, and
   start and stop the node's pool reconciler (workers.pool).
 """
 import logging
 
 from celery.exceptions import TimeLimitExceeded
-from celery.signals import celeryd_after_setup, task_failure, task_revoked, worker_ready, worker_shutdown
+from celery.signals import (
+    celeryd_after_setup, task_failure, task_postrun, task_prerun, task_revoked, worker_ready, worker_shutdown,
+)
 
 from capacity.config import get_config
+from common import request_id
 from workers import lanes, lifecycle
 from workers.models import State
 from workers.pool import PoolReconciler
@@ -38,6 +43,20 @@ def end_revoked(request=None, terminated=False, expired=False, **kwargs):
             lifecycle.end_unstarted(call_id, State.EXPIRED if expired else State.CANCELLED)
     except Exception:  # noqa: BLE001 - never break the worker's main loop; the leases expire on their own
         logger.exception('Could not end revoked heavy call %s', call_id)
+
+
+_bound = []  # the request id bound by task_prerun in this pool process (one task at a time)
+
+
+@task_prerun.connect
+def bind_request_id(task=None, **kwargs):
+    _bound.append(request_id.bind(getattr(getattr(task, 'request', None), 'request_id', None)))
+
+
+@task_postrun.connect
+def unbind_request_id(**kwargs):
+    while _bound:
+        request_id.unbind(_bound.pop())
 
 
 @task_failure.connect
