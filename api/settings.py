@@ -184,7 +184,7 @@ CONCEPTS_INDEX_CACHE_SIZE = env_int('CONCEPTS_INDEX_CACHE_SIZE', 8)
 # How long an API process trusts a target_repo_url it found (the worker checks again before running).
 CONCEPTS_SOURCE_CACHE_SECONDS = env_int('CONCEPTS_SOURCE_CACHE_SECONDS', 10)
 
-# /metrics is open unless this is set; then scrapers send `Authorization: Bearer <METRICS_TOKEN>`.
+# /metrics is open unless this is set (production requires it); scrapers send `Authorization: Bearer <it>`.
 METRICS_TOKEN = os.environ.get('METRICS_TOKEN', '')
 
 CORS_ALLOW_ALL_ORIGINS = env_bool('CORS_ALLOW_ALL_ORIGINS', default=not PRODUCTION)
@@ -283,6 +283,8 @@ def production_problems():
         problems.append('ALLOWED_HOSTS must name the hosts')
     if CORS_ALLOW_ALL_ORIGINS:
         problems.append('CORS_ALLOW_ALL_ORIGINS is on')
+    if not METRICS_TOKEN:
+        problems.append('METRICS_TOKEN is not set (/metrics would be open to anyone)')
     if env_bool('FLOWER_UNAUTHENTICATED_API'):
         problems.append('FLOWER_UNAUTHENTICATED_API opens Flower\'s API to anyone')
     if DATABASES['default']['ENGINE'] == 'django.db.backends.sqlite3':
