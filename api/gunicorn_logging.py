@@ -1,4 +1,5 @@
-"""gunicorn's logger in the service's JSON format (common.jsonlog): `--logger-class api.gunicorn_logging.JsonLogger`.
+"""gunicorn's logger in the service's JSON format (common.jsonlog):
+`--logger-class api.gunicorn_logging.JsonLogger`.
 
 The error log's lines get the JSON formatter; each access line is one JSON object with the request's
 fields, its request id taken from the response's X-Request-Id (api.middleware.RequestId sets it on every
@@ -24,7 +25,8 @@ class JsonLogger(glogging.Logger):
         atoms = self.atoms(resp, req, environ, request_time)
         try:
             self.access_log.info('%s %s %s', atoms['m'], atoms['U'], atoms['s'], extra={
-                'method': atoms['m'], 'path': atoms['U'], 'query': atoms['q'] or None, 'status': resp.status_code,
+                'method': atoms['m'], 'path': atoms['U'], 'query': atoms['q'] or None,
+                'status': resp.status_code,
                 'duration_ms': round(request_time.total_seconds() * 1000, 1),
                 'bytes': atoms['B'], 'remote_addr': atoms['h'], 'user_agent': atoms['a'],
                 'request_id': atoms.get('{x-request-id}o') or atoms.get('{x-request-id}i') or None,

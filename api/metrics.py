@@ -81,7 +81,8 @@ class HeavyLanesCollector:
         full = counter('full_lanes', 'Lanes found full, by lane, tier and decision (shadow-refused: would '
                                      'have refused).', ['lane', 'tier', 'decision'])
         renewals = counter('lease_renewals_failed', 'Lease renewals that failed or found a lease gone.')
-        finished = counter('calls_finished', 'Calls that ended, by queue and final state.', ['queue', 'state'])
+        finished = counter('calls_finished', 'Calls that ended, by queue and final state.',
+                           ['queue', 'state'])
         expired = counter('leases_expired', 'Leases pruned after expiring without a release.')
         try:
             values = counters.read()

@@ -44,12 +44,14 @@ def live_consumers(queue, now=None):
     now = time.time() if now is None else now
     fresh = READY_STALE_FACTOR * settings.WORKERS_RECONCILE_SECONDS
     pools = read_pools(connections.connect('status'), queue)
-    return sorted(node for node, pool in pools.items() if pool.get('consuming') and now - pool['updated'] <= fresh)
+    return sorted(node for node, pool in pools.items()
+                  if pool.get('consuming') and now - pool['updated'] <= fresh)
 
 
 def check_consumers(config):
     """None when every lane that isn't paused has a consumer, else what is missing."""
-    missing = [queue.name for queue in lanes.QUEUES if queue.pool_size(config) > 0 and not live_consumers(queue.name)]
+    missing = [queue.name for queue in lanes.QUEUES
+               if queue.pool_size(config) > 0 and not live_consumers(queue.name)]
     if missing:
         return f'no consumer for {", ".join(missing)}'
     return None

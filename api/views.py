@@ -47,8 +47,10 @@ class ReadyView(APIView):
     permission_classes = (AllowAny,)
 
     @extend_schema(responses={
-        200: inline_serializer('Ready', {'status': serializers.CharField(), 'checks': serializers.DictField()}),
-        503: inline_serializer('NotReady', {'status': serializers.CharField(), 'checks': serializers.DictField()})})
+        200: inline_serializer('Ready', {'status': serializers.CharField(),
+                                         'checks': serializers.DictField()}),
+        503: inline_serializer('NotReady', {'status': serializers.CharField(),
+                                            'checks': serializers.DictField()})})
     def get(self, request):
         from api.readiness import run_checks
         ready, checks = run_checks()

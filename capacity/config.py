@@ -124,7 +124,8 @@ def time_limits(config):
     (at least 3 x `renew_seconds`), so they are still held when the hard limit strikes: a call is never
     counted out while it still runs.
     """
-    return TimeLimits(soft=config['max_hold_seconds'], hard=config['max_hold_seconds'] + config['renew_seconds'])
+    soft = config['max_hold_seconds']
+    return TimeLimits(soft=soft, hard=soft + config['renew_seconds'])
 
 
 def broker_problems(config, visibility_timeout):
@@ -134,8 +135,8 @@ def broker_problems(config, visibility_timeout):
     longest = config['queue']['deadline_seconds'] + time_limits(config).hard
     if longest < visibility_timeout:
         return []
-    return [f'"queue.deadline_seconds" + "max_hold_seconds" + "renew_seconds" ({longest} s) must stay under the '
-            f'broker\'s visibility timeout (CELERY_VISIBILITY_TIMEOUT, {visibility_timeout} s).']
+    return [f'"queue.deadline_seconds" + "max_hold_seconds" + "renew_seconds" ({longest} s) must stay '
+            f'under the broker\'s visibility timeout (CELERY_VISIBILITY_TIMEOUT, {visibility_timeout} s).']
 
 
 def merge(base, changes, known_only=False):

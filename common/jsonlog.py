@@ -8,7 +8,8 @@ the request id of what they were doing (common.request_id).
 Celery task id, in a worker running a task) to every record. Django uses both through settings.LOGGING,
 Celery workers and beat through the same dict (workers.celery connects `setup_logging`), gunicorn through
 api.gunicorn_logging.JsonLogger (`--logger-class`). The per-call `ocl_capacity` lines (capacity.logs) are
-already JSON and written as they are, with the request id among their fields. No Django import at module level.
+already JSON and written as they are, with the request id among their fields. No Django import at module
+level.
 """
 import logging
 import logging.config
@@ -65,7 +66,8 @@ def config(level='INFO'):
         'disable_existing_loggers': False,
         'filters': {'context': {'()': 'common.jsonlog.ContextFilter'}},
         'formatters': {'json': {'()': 'common.jsonlog.JsonFormatter'}},
-        'handlers': {'console': {'class': 'logging.StreamHandler', 'formatter': 'json', 'filters': ['context']}},
+        'handlers': {'console': {'class': 'logging.StreamHandler', 'formatter': 'json',
+                                 'filters': ['context']}},
         'root': {'handlers': ['console'], 'level': 'WARNING'},
         'loggers': {
             'heavy_lanes': {'level': level},

@@ -39,9 +39,9 @@ def promtool():
     """The path of Prometheus's promtool (PROMTOOL, the PATH, or where .ci/run unpacks it), else a skip
     locally and a failure in CI."""
     import shutil
+    unpacked = [os.path.join(directory, 'promtool') for directory in PROMTOOL_DIRS]
     found = os.environ.get('PROMTOOL') or shutil.which('promtool') or next(
-        (os.path.join(d, 'promtool') for d in PROMTOOL_DIRS if os.access(os.path.join(d, 'promtool'), os.X_OK)),
-        None)
+        (path for path in unpacked if os.access(path, os.X_OK)), None)
     if not found:
         missing_service('no promtool (apt-get download prometheus && dpkg -x prometheus_*.deb /opt/promtool)')
     return found

@@ -51,7 +51,8 @@ app.conf.beat_schedule = {
     'sweep': {'task': SWEEP_TASK, 'schedule': settings.WORKERS_SWEEP_SECONDS,
               'options': {'queue': MAINTENANCE_QUEUE, 'expires': settings.WORKERS_SWEEP_SECONDS}},
     'retention': {'task': RETENTION_TASK, 'schedule': settings.HEAVY_LANES_RETENTION_RUN_SECONDS,
-                  'options': {'queue': MAINTENANCE_QUEUE, 'expires': settings.HEAVY_LANES_RETENTION_RUN_SECONDS}},
+                  'options': {'queue': MAINTENANCE_QUEUE,
+                              'expires': settings.HEAVY_LANES_RETENTION_RUN_SECONDS}},
 }
 # Celery's Django fixup closes the database connection around every task unless told to reuse it; a new
 # PostgreSQL connection per call cost about 8 ms of a 4 ms call (docs/benchmarks.md).

@@ -253,7 +253,7 @@ def cancel(call):
         call.refresh_from_db()
         return None
     call.refresh_from_db()
-    counters.record_end(call.queue, State.CANCELLED)  # counted here, at the transition (its worker may be gone)
+    counters.record_end(call.queue, State.CANCELLED)  # counted at the transition (its worker may be gone)
     if was == State.QUEUED:
         lease = admission_of(call).lease()
         lease.release()
@@ -346,7 +346,8 @@ def ended(call, lease=None, count=True):
 def overdue(now=None, limit=500):
     """Queued calls whose queue deadline passed (they will never run), oldest deadline first."""
     now = now or timezone.now()
-    return list(HeavyCall.objects.filter(state=State.QUEUED, expires_at__lte=now).order_by('expires_at')[:limit])
+    overdue_calls = HeavyCall.objects.filter(state=State.QUEUED, expires_at__lte=now).order_by('expires_at')
+    return list(overdue_calls[:limit])
 
 
 def maybe_lost(grace_seconds, stale_seconds, now=None, limit=500):
@@ -375,7 +376,8 @@ def redeliver(call, stale_seconds, now=None):
                                           fresh.heartbeat_at >= now - timedelta(seconds=stale_seconds)):
         return False
     send(fresh)
-    logger.warning('Heavy call %s (%s) had no message on the broker; published it again', fresh.pk, fresh.state)
+    logger.warning('Heavy call %s (%s) had no message on the broker; published it again', fresh.pk,
+                   fresh.state)
     return True
 
 

@@ -2,9 +2,10 @@
 
 Depth is read on the broker (LLEN of the queue's list and of each priority level's list, as the Redis
 transport stores them, workers.messages), so it counts messages no worker has taken yet; the message of a
-call cancelled or expired while queued is taken out when it ends (and by the sweep, should that fail), so
-depth counts only calls that still wait. The oldest waiting age comes from the rows of the calls still
-queued and not past their deadline. Pools are what each live lane node last published (workers.pool). No Celery import here.
+call cancelled or expired while queued is taken out when it ends (and by the sweep, should that fail),
+so depth counts only calls that still wait. The oldest waiting age comes from the rows of the calls
+still queued and not past their deadline. Pools are what each live lane node last published
+(workers.pool). No Celery import here.
 """
 import time
 

@@ -135,7 +135,8 @@ def test_a_flower_pool_grow_becomes_the_lane_limit_and_both_nodes_resplit_it(
     wait_until(lambda: pools(staff, 'es2_knn') == {a.node: 1, b.node: 1}, timeout=10, interval=0.2,
                message='pool 2 (es2_knn 3 - 1) split 1 + 1')
     # The reconcilers' own resizes, after a config change, are never taken for hand resizes.
-    assert staff.patch('/capacity/config/', {'es2_knn': 5, 'note': 'more kNN'}, format='json').status_code == 200
+    changed = staff.patch('/capacity/config/', {'es2_knn': 5, 'note': 'more kNN'}, format='json')
+    assert changed.status_code == 200
     wait_until(lambda: pools(staff, 'es2_knn') == {a.node: 2, b.node: 2}, timeout=10, interval=0.2,
                message='pool 4 split 2 + 2')
     time.sleep(1.5)  # three reconcile intervals
@@ -166,8 +167,8 @@ def test_a_flower_pool_shrink_lowers_the_lane_limit(broker, start_worker, flower
     wait_until(lambda: flower_knows(flower, worker.node), timeout=20, interval=0.5, message='Flower to see it')
     assert flower_post(flower, f'/api/worker/pool/shrink/{worker.node}?n=1', auth=None) == 401
     assert flower_post(flower, f'/api/worker/pool/shrink/{worker.node}?n=1') == 200
-    wait_until(lambda: staff.get('/capacity/config/').json()['config']['api_heavy'] == {'cluster': 3, 'per_task': 2},
-               timeout=5, interval=0.1, message='the cluster limit to follow')
+    wait_until(lambda: staff.get('/capacity/config/').json()['config']['api_heavy'] == {
+        'cluster': 3, 'per_task': 2}, timeout=5, interval=0.1, message='the cluster limit to follow')
     assert [entry['changes'] for entry in flower_entries(staff)] == [{'api_heavy.cluster': [4, 3]}]
     queue = staff.get('/capacity/status/').json()['queues']['api_heavy']
     assert (queue['pool'], queue['configured_pool'], queue['drift']) == (2, 2, 0)

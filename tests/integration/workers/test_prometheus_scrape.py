@@ -22,5 +22,6 @@ def test_a_live_scrape_passes_promtool_check_metrics(start_worker, tiny_source, 
     for series in ('heavy_lanes_calls_finished_total{queue="es2_knn",state="succeeded"} 3.0',
                    'heavy_lanes_full_lanes_total', 'heavy_lanes_queue_pool_processes{queue="es2_knn"}'):
         assert series in text
-    done = subprocess.run([promtool(), 'check', 'metrics'], input=text, capture_output=True, text=True, timeout=60)
+    done = subprocess.run([promtool(), 'check', 'metrics'], input=text, capture_output=True, text=True,
+                          timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr

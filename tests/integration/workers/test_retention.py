@@ -37,7 +37,8 @@ def test_a_retention_run_deletes_only_calls_that_ended_before_the_period_and_the
     user = make_user()
     old = [call(user, State.SUCCEEDED, 8, 8, result={'n': 1}), call(user, State.FAILED, 7.01, 8),
            call(user, State.CANCELLED, 30, 30), call(user, State.EXPIRED, 9, 9)]
-    kept = [call(user, State.SUCCEEDED, 6.9, 8, result={'n': 2}), call(user, State.SUCCEEDED, 0, 0, result={'n': 3}),
+    kept = [call(user, State.SUCCEEDED, 6.9, 8, result={'n': 2}),
+            call(user, State.SUCCEEDED, 0, 0, result={'n': 3}),
             call(user, State.QUEUED, created_days_ago=20), call(user, State.RUNNING, created_days_ago=20)]
 
     assert retention.prune(batch=2) == 4  # in batches of 2, each one transaction
