@@ -3,7 +3,9 @@
 Everything here is read from Redis and the database when Prometheus scrapes, not kept in process memory,
 so the numbers are the cluster's whatever API or worker process serves the scrape: lanes (in-flight and
 limits), queues (depth, oldest waiting, consumers, pool sizes), counters kept in Redis (decisions, full
-lanes, failed renewals, leases that expired without a release), and calls by state from their rows.
+lanes, failed renewals, leases that expired without a release, calls that ended), and the calls still
+open (queued or running) from their rows: a count bounded by the lanes' limits and the queue deadline, not
+by the table's size.
 """
 from django.db.models import Count
 from prometheus_client import CollectorRegistry, generate_latest
@@ -14,7 +16,7 @@ from capacity.config import get_config
 from capacity.constants import TIERS
 from capacity.decisions import bulk_limit
 from capacity.status import get_status
-from workers.models import FINAL_STATES, HeavyCall
+from workers.models import OPEN_STATES, HeavyCall
 
 PREFIX = 'heavy_lanes'
 
@@ -41,7 +43,6 @@ class HeavyLanesCollector:
         yield from self.lanes(status, config)
         yield from self.queues(status.get('queues', {}))
         yield from self.counted(status)
-        yield from self.calls()
 
     def lanes(self, status, config):
         in_flight = gauge('lane_in_flight', 'Unexpired leases in a lane (queued and running calls).', ['lane'])
@@ -80,6 +81,8 @@ class HeavyLanesCollector:
         full = counter('full_lanes', 'Lanes found full, by lane, tier and decision (shadow-refused: would '
                                      'have refused).', ['lane', 'tier', 'decision'])
         renewals = counter('lease_renewals_failed', 'Lease renewals that failed or found a lease gone.')
+        finished = counter('calls_finished', 'Calls that ended, by queue and final state.',
+                           ['queue', 'state'])
         expired = counter('leases_expired', 'Leases pruned after expiring without a release.')
         try:
             values = counters.read()
@@ -91,20 +94,21 @@ class HeavyLanesCollector:
                 decisions.add_metric(rest, value)
             elif kind == 'full' and len(rest) == 3:
                 full.add_metric(rest, value)
+            elif kind == 'finished' and len(rest) == 2:
+                finished.add_metric(rest, value)
         renewals.add_metric([], values.get(('renewal_failed',), 0))
         if 'leases_expired_total' in status:
             expired.add_metric([], status['leases_expired_total'])
-        yield from (decisions, full, renewals, expired)
+        yield from (decisions, full, renewals, expired, finished)
+        yield self.open_calls()
 
-    def calls(self):
+    def open_calls(self):
         open_calls = gauge('calls_open', 'Calls queued or running, by queue and state.', ['queue', 'state'])
-        finished = counter('calls_finished', 'Calls that ended, by queue and final state.', ['queue', 'state'])
-        rows = HeavyCall.objects.values('queue', 'state').annotate(n=Count('id')).order_by('queue', 'state')
+        rows = HeavyCall.objects.filter(state__in=OPEN_STATES).values('queue', 'state').annotate(
+            n=Count('id')).order_by('queue', 'state')
         for row in rows:
-            family = finished if row['state'] in FINAL_STATES else open_calls
-            family.add_metric([row['queue'], row['state']], row['n'])
-        yield open_calls
-        yield finished
+            open_calls.add_metric([row['queue'], row['state']], row['n'])
+        return open_calls
 
 
 def render():

@@ -61,6 +61,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    'api.middleware.RequestId',
     'api.middleware.RequestSizeLimit',
     'corsheaders.middleware.CorsMiddleware',
     'django.middleware.security.SecurityMiddleware',
@@ -183,27 +184,26 @@ CONCEPTS_INDEX_CACHE_SIZE = env_int('CONCEPTS_INDEX_CACHE_SIZE', 8)
 # How long an API process trusts a target_repo_url it found (the worker checks again before running).
 CONCEPTS_SOURCE_CACHE_SECONDS = env_int('CONCEPTS_SOURCE_CACHE_SECONDS', 10)
 
-# /metrics is open unless this is set; then scrapers send `Authorization: Bearer <METRICS_TOKEN>`.
+# /metrics is open unless this is set (production requires it); scrapers send `Authorization: Bearer <it>`.
 METRICS_TOKEN = os.environ.get('METRICS_TOKEN', '')
 
 CORS_ALLOW_ALL_ORIGINS = env_bool('CORS_ALLOW_ALL_ORIGINS', default=not PRODUCTION)
 CORS_ALLOWED_ORIGINS = env_list('CORS_ALLOWED_ORIGINS')
 CORS_EXPOSE_HEADERS = [
-    'Retry-After', 'Location',
+    'Retry-After', 'Location', 'X-Request-Id',
     'X-OCL-Capacity-Decision', 'X-OCL-Capacity-Limit', 'X-OCL-Capacity-In-Flight', 'X-OCL-Capacity-Tier',
     'X-OCL-Capacity-Tier-Limit', 'X-OCL-Capacity-Tier-In-Flight', 'X-OCL-Capacity-Suggested-Concurrency',
 ]
 CORS_ALLOW_HEADERS = [
     'accept', 'authorization', 'content-type', 'origin', 'user-agent', 'x-csrftoken', 'x-requested-with',
-    'idempotency-key', 'prefer', 'x-ocl-event-metadata', 'x-ocl-request-source',
+    'idempotency-key', 'prefer', 'x-ocl-event-metadata', 'x-ocl-request-source', 'x-request-id',
 ]
 
-LOGGING = {
-    'version': 1,
-    'disable_existing_loggers': False,
-    'handlers': {'console': {'class': 'logging.StreamHandler'}},
-    'loggers': {'heavy_lanes': {'handlers': ['console'], 'level': os.environ.get('LOG_LEVEL', 'INFO')}},
-}
+# One JSON object a line on stderr for every logger, with the request id (common.jsonlog); Celery workers and
+# beat use the same dict (workers.celery), gunicorn its JSON logger class (api.gunicorn_logging).
+from common.jsonlog import config as _logging_config  # noqa: E402 - no Django import in it
+
+LOGGING = _logging_config(os.environ.get('LOG_LEVEL', 'INFO'))
 
 # --- Celery: Redis broker (a separate one may be named), results in the database, JSON only.
 # With REDIS_SENTINELS and no CELERY_BROKER_URL, the broker is the main Redis found through the Sentinels
@@ -263,6 +263,17 @@ CELERY_WORKER_REDIRECT_STDOUTS = False
 WORKERS_HEARTBEAT_SECONDS = env_float('WORKERS_HEARTBEAT_SECONDS', 5.0)
 # How often a lane worker re-reads the config to resize its pool (the config cache refresh).
 WORKERS_RECONCILE_SECONDS = env_float('WORKERS_RECONCILE_SECONDS', CAPACITY_CONFIG_CACHE_SECONDS)
+# Maintenance, sent by Celery beat to the `maintenance` queue (workers/sweep.py, workers/retention.py):
+# the sweep ends calls past their deadline and publishes again the ones whose message is gone (queued
+# longer than the grace period, or running with a dead worker); retention deletes calls, with their
+# results, that ended longer ago than HEAVY_LANES_RETENTION_SECONDS (7 days).
+WORKERS_SWEEP_SECONDS = env_float('WORKERS_SWEEP_SECONDS', 30)
+WORKERS_SWEEP_GRACE_SECONDS = env_float('WORKERS_SWEEP_GRACE_SECONDS', 60)
+HEAVY_LANES_RETENTION_SECONDS = env_int('HEAVY_LANES_RETENTION_SECONDS', 7 * 24 * 3600)
+HEAVY_LANES_RETENTION_RUN_SECONDS = env_float('HEAVY_LANES_RETENTION_RUN_SECONDS', 3600)
+# Results are deleted with their calls, never on their own (a succeeded call always has its result).
+CELERY_RESULT_EXPIRES = None
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / 'celerybeat-schedule')
 
 
 def production_problems():
@@ -276,6 +287,8 @@ def production_problems():
         problems.append('ALLOWED_HOSTS must name the hosts')
     if CORS_ALLOW_ALL_ORIGINS:
         problems.append('CORS_ALLOW_ALL_ORIGINS is on')
+    if not METRICS_TOKEN:
+        problems.append('METRICS_TOKEN is not set (/metrics would be open to anyone)')
     if env_bool('FLOWER_UNAUTHENTICATED_API'):
         problems.append('FLOWER_UNAUTHENTICATED_API opens Flower\'s API to anyone')
     if DATABASES['default']['ENGINE'] == 'django.db.backends.sqlite3':

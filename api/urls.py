@@ -7,6 +7,7 @@ from api import views
 
 urlpatterns = [
     path('healthz', views.HealthView.as_view(), name='healthz'),
+    path('readyz', views.ReadyView.as_view(), name='readyz'),
     path('metrics', views.MetricsView.as_view(), name='metrics'),
     path('concepts/$match/', views.MatchView.as_view(), name='concepts-match'),
     path('concepts/$rerank/', views.RerankView.as_view(), name='concepts-rerank'),

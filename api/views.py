@@ -39,6 +39,25 @@ class HealthView(APIView):
         return Response({'status': 'ok'})
 
 
+class ReadyView(APIView):
+    """Readiness: the database, the lane store, the broker and a consumer for every lane not paused
+    (api.readiness). 200 when all answer, else 503; every check is in the body."""
+
+    authentication_classes = ()
+    permission_classes = (AllowAny,)
+
+    @extend_schema(responses={
+        200: inline_serializer('Ready', {'status': serializers.CharField(),
+                                         'checks': serializers.DictField()}),
+        503: inline_serializer('NotReady', {'status': serializers.CharField(),
+                                            'checks': serializers.DictField()})})
+    def get(self, request):
+        from api.readiness import run_checks
+        ready, checks = run_checks()
+        return Response({'status': 'ready' if ready else 'not ready', 'checks': checks},
+                        status=status.HTTP_200_OK if ready else status.HTTP_503_SERVICE_UNAVAILABLE)
+
+
 def task_url(call_id):
     return f'/tasks/{call_id}/'
 

@@ -217,5 +217,6 @@ def log_record(admission, host=''):
         'algorithm_id': facts.algorithm_id,
         'automatch_run_id': facts.automatch_run_id,
         'cid': facts.cid,
+        'request_id': facts.cid,  # the same id, under the name every other log line uses
         'task_id': admission.token,
     }

@@ -14,6 +14,7 @@ import copy
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -105,6 +106,37 @@ def _check_rules(config):
     if wait['default_seconds'] > wait['max_seconds']:
         errors.append('"wait.default_seconds" can\'t be more than "wait.max_seconds".')
     return errors
+
+
+@dataclass(frozen=True)
+class TimeLimits:
+    """How long one call may run, in whole seconds (Celery's per-message soft and hard time limits)."""
+
+    soft: int  # SoftTimeLimitExceeded is raised in the task: it releases its leases and ends `failed`
+    hard: int  # the pool process is killed; the worker's main process ends the call `failed`
+
+
+def time_limits(config):
+    """The time limits of a call run under `config`: soft at `max_hold_seconds` (when its leases stop
+    being renewed), hard `renew_seconds` later.
+
+    The leases were last renewed at most `renew_seconds` before the soft limit and last `lease_seconds`
+    (at least 3 x `renew_seconds`), so they are still held when the hard limit strikes: a call is never
+    counted out while it still runs.
+    """
+    soft = config['max_hold_seconds']
+    return TimeLimits(soft=soft, hard=soft + config['renew_seconds'])
+
+
+def broker_problems(config, visibility_timeout):
+    """Why `config` can't run on a broker whose unacknowledged messages come back after
+    `visibility_timeout` s (CELERY_VISIBILITY_TIMEOUT): a message may stay unacknowledged for its queue
+    deadline plus the hard time limit, and one that came back sooner would run the call twice."""
+    longest = config['queue']['deadline_seconds'] + time_limits(config).hard
+    if longest < visibility_timeout:
+        return []
+    return [f'"queue.deadline_seconds" + "max_hold_seconds" + "renew_seconds" ({longest} s) must stay '
+            f'under the broker\'s visibility timeout (CELERY_VISIBILITY_TIMEOUT, {visibility_timeout} s).']
 
 
 def merge(base, changes, known_only=False):
@@ -242,6 +274,11 @@ def save_config(changes, user=None, source=SOURCE_API, note='', replace=False):
                 cursor.execute('SELECT pg_advisory_xact_lock(%s)', [ADVISORY_LOCK_ID])
         latest, previous = get_current()
         config = validate(merge(get_defaults() if replace else previous, changes))
+        problems = broker_problems(config, settings.CELERY_VISIBILITY_TIMEOUT)
+        if problems:
+            # Checked on a change only: a stored config stays in force in a process whose own setting
+            # differs (resolve() reads no settings but the mode).
+            raise ValidationError(problems)
         changed = diff(previous, config)
         if not changed:
             return latest, previous, {}

@@ -45,8 +45,8 @@ ENDPOINTS = (MATCH, RERANK)
 ERROR_CODE = 'capacity_exceeded'
 LOG_EVENT = 'ocl_capacity'
 CONFIG_LOG_EVENT = 'ocl_capacity_config'
-SOURCE_API, SOURCE_COMMAND = 'api', 'command'
-CONFIG_SOURCES = (SOURCE_API, SOURCE_COMMAND)
+SOURCE_API, SOURCE_COMMAND, SOURCE_FLOWER = 'api', 'command', 'flower'
+CONFIG_SOURCES = (SOURCE_API, SOURCE_COMMAND, SOURCE_FLOWER)  # flower: a lane worker's pool resized by hand
 
 HEADER_DECISION = 'X-OCL-Capacity-Decision'
 HEADER_LIMIT = 'X-OCL-Capacity-Limit'
@@ -76,7 +76,9 @@ DEFAULTS = {
     'per_user': {STAFF: 4, CORE: 3, EARLY_ACCESS: 2, PREVIEW: 1},  # keyed by the user's tier
     'lease_seconds': 60,      # a running call's lease expires this long after its last renewal
     'renew_seconds': 20,
-    'max_hold_seconds': 900,  # renewal stops after this, in case a call never finishes
+    # The longest a call runs: its soft time limit (renewal stops then too); the hard limit, which kills its
+    # process, is renew_seconds later (capacity.config.time_limits).
+    'max_hold_seconds': 900,
     'retry_after': {
         'base': 5,     # seconds per call ahead in the fullest lane
         'max': 30,

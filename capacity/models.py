@@ -1,7 +1,7 @@
 from django.conf import settings
 from django.db import models
 
-from capacity.constants import SOURCE_API, SOURCE_COMMAND
+from capacity.constants import SOURCE_API, SOURCE_COMMAND, SOURCE_FLOWER
 
 
 class CapacityConfig(models.Model):
@@ -13,7 +13,8 @@ class CapacityConfig(models.Model):
     change and logs it.
     """
 
-    SOURCES = [(SOURCE_API, 'API'), (SOURCE_COMMAND, 'Management command')]
+    SOURCES = [(SOURCE_API, 'API'), (SOURCE_COMMAND, 'Management command'),
+               (SOURCE_FLOWER, 'A pool resized by hand (Flower, celery control)')]
 
     config = models.JSONField(help_text='The full config this version put in force.')
     previous_config = models.JSONField(null=True, blank=True, help_text='The config in force before it.')

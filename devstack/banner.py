@@ -45,6 +45,7 @@ def banner(*, var, logs, api_url, flower_url, flower_auth, redis_url, redis_kind
         f'  Redis     {masked(redis_url)}  ({redis_kind})',
         f'  Workers   {", ".join(f"{queue}@{hostname}" for queue in QUEUE_NAMES)} '
         f'(pools sized from the capacity config)',
+        f'  Beat      the sweep and retention, run by maintenance@{hostname}',
         f'  Logs      {logs}/',
         '',
         f'Demo users (tokens also in {var / "demo-tokens.json"}):',

@@ -9,8 +9,9 @@
    hpo`, `create_demo_users`. Each step is idempotent and quick the second time.
 3. Starts, at once: the API (gunicorn api.wsgi, WEB_CONCURRENCY sync workers, default 3, on
    127.0.0.1:$PORT), one Celery worker per lane queue (`-Q <queue> -n <queue>@%h -P prefork -c 1`; each
-   then sizes its own pool from the capacity config) and Flower (127.0.0.1:$FLOWER_PORT, basic auth), and
-   waits until each is ready.
+   then sizes its own pool from the capacity config), Celery beat and the maintenance worker that runs
+   the sweep and retention it sends, and Flower (127.0.0.1:$FLOWER_PORT, basic auth), and waits until
+   each is ready.
 4. Prints the URLs, the demo tokens, Flower's credentials and an example client command; then watches,
    while a one-shot child builds the match indexes into VAR_DIR/indexes/ (once; later runs only load them).
 
@@ -239,6 +240,8 @@ class Launcher:
         self.start(services.api(self.port, self.logs))
         for worker in services.lane_workers(self.logs):
             self.start(worker)
+        self.start(services.maintenance_worker(self.logs))
+        self.start(services.beat(self.logs, self.var))
         self.flower_auth = services.flower_credentials(self.var)
         self.start(services.flower(self.flower_port, self.logs, self.flower_auth))
 

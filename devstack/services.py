@@ -1,5 +1,6 @@
-"""The processes `make run` starts, as Child objects: the API, a worker per lane queue, Flower, and the
-one-shot steps (the database, the match indexes). Each is ready when it answers as a user would see it."""
+"""The processes `make run` starts, as Child objects: the API, a worker per lane queue, Celery beat and the
+maintenance worker that runs what it sends, Flower, and the one-shot steps (the database, the match
+indexes). Each is ready when it answers as a user would see it."""
 import base64
 import os
 import secrets
@@ -7,7 +8,7 @@ import sys
 
 from devstack.files import read_private, write_private
 from devstack.processes import Child, http_get, tail
-from workers.lanes import QUEUE_NAMES  # the queue table: pure Python, no Django
+from workers.lanes import MAINTENANCE_QUEUE, QUEUE_NAMES  # the queue table: pure Python, no Django
 
 
 def api(port, logs):
@@ -19,6 +20,7 @@ def api(port, logs):
         sys.executable, '-m', 'gunicorn', 'api.wsgi:application', '--bind', f'127.0.0.1:{port}',
         '--workers', workers, '--worker-class', 'sync', '--timeout', '150', '--graceful-timeout', '5',
         '--access-logfile', '-', '--error-logfile', '-', '--log-level', 'info',
+        '--logger-class', 'api.gunicorn_logging.JsonLogger',
     ], logs / 'api.log', ready=lambda: http_get(f'{url}/healthz')[0] == 200)
 
 
@@ -27,12 +29,30 @@ def lane_worker(queue, logs):
     log_path = logs / f'worker-{queue}.log'
     return Child(f'worker-{queue}', [
         sys.executable, '-m', 'celery', '-A', 'workers', 'worker', '-Q', queue, '-n', f'{queue}@%h',
-        '-P', 'prefork', '-c', '1', '-l', 'INFO',
+        '-P', 'prefork', '-c', '1', '--without-gossip', '--without-mingle', '-l', 'INFO',
     ], log_path, ready=lambda: ' ready.' in tail(log_path, 200))
 
 
 def lane_workers(logs):
     return [lane_worker(queue, logs) for queue in QUEUE_NAMES]
+
+
+def beat(logs, var):
+    """Celery beat: sends the sweep and retention (workers/celery.py's schedule) to the maintenance queue."""
+    log_path = logs / 'beat.log'
+    return Child('beat', [
+        sys.executable, '-m', 'celery', '-A', 'workers', 'beat', '-l', 'INFO',
+        '--schedule', str(var / 'celerybeat-schedule'),
+    ], log_path, ready=lambda: 'beat: Starting...' in tail(log_path, 200))
+
+
+def maintenance_worker(logs):
+    """The worker of the maintenance queue: one process (solo), no lane, no pool to size."""
+    log_path = logs / 'worker-maintenance.log'
+    return Child('worker-maintenance', [
+        sys.executable, '-m', 'celery', '-A', 'workers', 'worker', '-Q', MAINTENANCE_QUEUE,
+        '-n', f'{MAINTENANCE_QUEUE}@%h', '-P', 'solo', '--without-gossip', '--without-mingle', '-l', 'INFO',
+    ], log_path, ready=lambda: ' ready.' in tail(log_path, 200))
 
 
 def flower(port, logs, auth):

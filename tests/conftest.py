@@ -32,6 +32,21 @@ def pytest_sessionfinish(session, exitstatus):
             session.exitstatus = 1
 
 
+PROMTOOL_DIRS = ('/opt/promtool/usr/bin',)  # where .ci/run unpacks Debian's prometheus package
+
+
+def promtool():
+    """The path of Prometheus's promtool (PROMTOOL, the PATH, or where .ci/run unpacks it), else a skip
+    locally and a failure in CI."""
+    import shutil
+    unpacked = [os.path.join(directory, 'promtool') for directory in PROMTOOL_DIRS]
+    found = os.environ.get('PROMTOOL') or shutil.which('promtool') or next(
+        (path for path in unpacked if os.access(path, os.X_OK)), None)
+    if not found:
+        missing_service('no promtool (apt-get download prometheus && dpkg -x prometheus_*.deb /opt/promtool)')
+    return found
+
+
 def real_redis_client():
     import redis
     client = redis.Redis.from_url(REDIS_URL, socket_timeout=5, socket_connect_timeout=2)

@@ -15,18 +15,23 @@ applies what workers.lifecycle decides and never writes a call's state itself:
 4. run the domain work; record the end with `lifecycle.succeed` or `lifecycle.fail`; release the leases —
    unless another delivery took the call over, which holds them now; write the log line.
 
-A lost lease is logged and never stops the work.
+A lost lease is logged and never stops the work. A call still running at its soft time limit
+(capacity.config.time_limits, sent with its message) gets Celery's SoftTimeLimitExceeded, which ends it
+`failed` like any error, with a message that says it was stopped by its time limit; one that ignores it is
+killed at the hard limit, and the worker's main process ends it (workers.signals).
 """
 import ctypes
 import logging
 import threading
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import connection
 
 from capacity import failopen
 from capacity.config import get_config
 from capacity.lease import LeaseRenewer
+from common import request_id
 from workers import lifecycle, work
 from workers.models import State
 
@@ -82,14 +87,19 @@ class Work:
             return True
 
 
-def run(call_id, perform=None, node=''):
+def run(call_id, perform=None, node='', soft_limit=None):
     """Run the call `call_id` and return its result (None when it was skipped or stopped). A failure is
-    recorded and re-raised."""
+    recorded and re-raised. `soft_limit` is the message's soft time limit in seconds (for the error)."""
     perform = perform or work.perform
     call = lifecycle.load(call_id)
     if call is None:
         logger.warning('Heavy call %s has no row: its submission never committed; dropped', call_id)
         return None
+    with request_id.bound(call.request_id or request_id.get()):  # the row's id is the truth
+        return run_loaded(call, perform, node, soft_limit)
+
+
+def run_loaded(call, perform, node, soft_limit):
     worker = lifecycle.worker_name(node)
     start = lifecycle.start(call, worker)
     if start.kind == lifecycle.EXPIRE:
@@ -103,25 +113,30 @@ def run(call_id, perform=None, node=''):
     config = get_config()
     admission = lifecycle.admission_of(call)
     lease = admission.worker_lease(config['lease_seconds'] * 1000)
-    if lease.holding and not lease.renew():
-        if not (start.redelivered and lease.retake(admission.worker_limits())):
-            lease.lease_lost = True
-            logger.warning('Heavy call %s runs without its leases (lease_lost)', call.pk)
     running = Work()
-    heartbeat = start_heartbeat(call, worker, lease, config, running)
-    try:
+    heartbeat = None
+    try:  # from here on the call is ours: whatever stops it (its soft time limit too) ends it here
+        if lease.holding and not lease.renew():
+            if not (start.redelivered and lease.retake(admission.worker_limits())):
+                lease.lease_lost = True
+                logger.warning('Heavy call %s runs without its leases (lease_lost)', call.pk)
+        heartbeat = start_heartbeat(call, worker, lease, config, running)
         result = running.run(perform, call)
     except CallStopped:
         end(call, worker, lease, heartbeat, recorded=False)
         return None
     except Exception as ex:
-        end(call, worker, lease, heartbeat, recorded=lifecycle.fail(call, describe(ex), worker=worker))
+        error = describe(ex, soft_limit or config['max_hold_seconds'])
+        end(call, worker, lease, heartbeat, recorded=lifecycle.fail(call, error, worker=worker))
         raise
     end(call, worker, lease, heartbeat, recorded=lifecycle.succeed(call, result, worker=worker))
     return result
 
 
-def describe(ex):
+def describe(ex, soft_limit):
+    """The error a client reads for a call that raised `ex`."""
+    if isinstance(ex, SoftTimeLimitExceeded):
+        return lifecycle.SOFT_LIMIT.format(seconds=soft_limit)
     return f'{type(ex).__name__}: {ex}'
 
 
@@ -140,6 +155,8 @@ def start_heartbeat(call, worker, lease, config, running):
                              on_tick=beat, on_exit=close_connection)
     try:
         heartbeat.start()
+    except SoftTimeLimitExceeded:
+        raise  # the call's time is up, not the limiter's problem
     except Exception as ex:  # noqa: BLE001 - fail open, like every limiter error
         failopen.record(lease, ex, 'heartbeat start')
         return None

@@ -17,7 +17,11 @@
   `fail` records the error and gives the usage back (the row is the usage record); `ended` writes the
   log line and the completion notice once the worker has released the leases.
 - `cancel` ends a queued call at once (its leases go back now) or a running one (its worker stops it and
-  releases its leases once it has stopped); `expire` and `end_unstarted` end a call that will never run.
+  releases its leases once it has stopped); `expire` and `end_unstarted` end a call that will never run;
+  `time_out` ends a call whose process was killed at its hard time limit.
+- For the sweep (workers.sweep): `overdue` and `maybe_lost` find the calls nothing else would end or run,
+  `redeliver` publishes again the message of one that lost it; for retention (workers.retention),
+  `forget_finished` deletes old calls with their results. Every end is counted once (capacity.counters).
 
 The read side is here too: `position`, `result`, `wait`, `log_line`. Workers and views call these and
 never write a call's state themselves; this is the only module that reads the stored results.
@@ -34,10 +38,11 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from capacity import counters
 from capacity.admission import Admission, log_record
-from capacity.config import get_config
+from capacity.config import get_config, time_limits
 from capacity.logs import emit
-from workers import notify, publisher
+from workers import messages, notify, publisher
 from workers.celery import TASK_NAME, app
 from workers.models import FINAL_STATES, OPEN_STATES, HeavyCall, State
 
@@ -47,16 +52,21 @@ ROW_WAIT_SECONDS = 5.0
 CANCELLED = 'The call was cancelled.'
 EXPIRED = 'The call waited in its queue past its deadline and was not run.'
 FAILED = 'The call failed.'
+SOFT_LIMIT = 'The call was stopped by its time limit ({seconds} s, max_hold_seconds) and did not finish.'
+HARD_LIMIT = ('The call was stopped by its hard time limit ({seconds} s): its worker process did not end it '
+              'at the soft limit and was killed.')
 
 
 # --- create and publish -------------------------------------------------------------------------------------
 
 def send(call):
-    """Publish the call's message on its queue, expiring at its queue deadline, within the publish deadline
-    (workers.publisher). By task name: the API never imports the tasks module, and so none of the workers'
-    signal handlers."""
+    """Publish the call's message on its queue, expiring at its queue deadline, with the time limits of the
+    config in force, within the publish deadline (workers.publisher). By task name: the API never imports
+    the tasks module, and so none of the workers' signal handlers."""
+    limits = time_limits(get_config())
     publisher.publish(app.send_task, TASK_NAME, args=[call.pk], task_id=call.pk, queue=call.queue,
-                      expires=call.expires_at, priority=call.priority)
+                      expires=call.expires_at, priority=call.priority, soft_time_limit=limits.soft,
+                      time_limit=limits.hard, headers={'request_id': call.request_id or None})
 
 
 def enqueue(call, publish=None):
@@ -202,6 +212,22 @@ def fail(call, error, worker=None):
     return True
 
 
+def time_out(call_id, seconds, node):
+    """A call whose pool process its worker killed at the hard time limit (`seconds`): end it `failed`
+    with that reason and release its leases (from the worker's main process, where Celery enforces the
+    limit). Only a run on `node` is ended: a later delivery elsewhere owns the call. Idempotent."""
+    call = HeavyCall.objects.filter(pk=call_id).first()
+    if call is None or call.state != State.RUNNING or not call.worker.startswith(f'{node} pid '):
+        return False
+    if not fail(call, HARD_LIMIT.format(seconds=seconds), worker=call.worker):
+        return False
+    lease = admission_of(call).lease()
+    lease.release()
+    note_limiter(call, lease)
+    ended(call, lease)
+    return True
+
+
 def stored_result(call_id):
     """The JSON text of a stored successful result, or None."""
     from django_celery_results.models import TaskResult
@@ -227,10 +253,12 @@ def cancel(call):
         call.refresh_from_db()
         return None
     call.refresh_from_db()
+    counters.record_end(call.queue, State.CANCELLED)  # counted at the transition (its worker may be gone)
     if was == State.QUEUED:
         lease = admission_of(call).lease()
         lease.release()
-        ended(call, lease)
+        ended(call, lease, count=False)
+        discard_message(call)
     try:
         app.control.revoke(call.pk, terminate=(was == State.RUNNING), signal='SIGTERM')
     except Exception:  # noqa: BLE001 - the row says cancelled; a worker checks it before and while running
@@ -253,7 +281,7 @@ def stopped(call_id, lease=None):
     lease.release()
     HeavyCall.objects.filter(pk=call_id, state=State.CANCELLED).update(heartbeat_at=None)
     call.heartbeat_at = None
-    ended(call, lease)
+    ended(call, lease, count=False)  # counted when it was cancelled
     return True
 
 
@@ -266,10 +294,12 @@ def wait_stopped(call, seconds):
     return notify.wait_for(call.pk, stopped_now, seconds)
 
 
-def end_unstarted(call_id, state):
+def end_unstarted(call_id, state, purge=False):
     """End a call that won't run (`expired` past its deadline, `cancelled` when revoked before it ran):
     mark it if it is still open, release its leases, log it. Idempotent. A call that runs (a message of
-    it expired or was revoked while another delivery runs it) is left alone, leases and all."""
+    it expired or was revoked while another delivery runs it) is left alone, leases and all. `purge`: its
+    message may still wait on the broker (no worker took it): take it out, so the queue's depth counts only
+    calls that still wait."""
     now = timezone.now()
     open_states = [State.QUEUED] if state == State.EXPIRED else list(OPEN_STATES)
     ended_now = HeavyCall.objects.filter(pk=call_id, state__in=open_states).update(state=state, finished_at=now)
@@ -280,21 +310,89 @@ def end_unstarted(call_id, state):
     lease.release()
     if ended_now:
         ended(call, lease)
+    if purge:
+        discard_message(call)
     return bool(ended_now)
 
 
 def expire(call):
-    """A queued call past its deadline is expired, even before a worker sees its message."""
+    """A queued call past its deadline is expired, even before a worker sees its message (which is taken
+    off the broker)."""
     if call.state == State.QUEUED and timezone.now() >= call.expires_at:
-        end_unstarted(call.pk, State.EXPIRED)
+        end_unstarted(call.pk, State.EXPIRED, purge=True)
         call.refresh_from_db()
     return call
 
 
-def ended(call, lease=None):
-    """What follows any end: the log line and the completion notice."""
+def discard_message(call):
+    """Take a call that will never run off its queue's broker lists; best effort (the sweep retries)."""
+    try:
+        messages.discard(call.pk, call.queue)
+    except Exception as ex:  # noqa: BLE001 - the row says it ended; a worker that gets the message skips it
+        logger.warning('Message of ended call %s left on the broker (%s: %s); the sweep takes it out',
+                       call.pk, type(ex).__name__, ex)
+
+
+def ended(call, lease=None, count=True):
+    """What follows any end: the counter (once per call: `count`), the log line and the completion notice."""
+    if count:
+        counters.record_end(call.queue, call.state)
     log_line(call, lease)
     notify.publish(call.pk, call.state)
+
+
+# --- the sweep's and retention's transitions (workers.sweep, workers.retention) --------------------------
+
+def overdue(now=None, limit=500):
+    """Queued calls whose queue deadline passed (they will never run), oldest deadline first."""
+    now = now or timezone.now()
+    overdue_calls = HeavyCall.objects.filter(state=State.QUEUED, expires_at__lte=now).order_by('expires_at')
+    return list(overdue_calls[:limit])
+
+
+def maybe_lost(grace_seconds, stale_seconds, now=None, limit=500):
+    """Calls that may have lost their message: queued for more than `grace_seconds` and before their
+    deadline, or running with a heartbeat older than `stale_seconds` (their worker is gone)."""
+    now = now or timezone.now()
+    queued = Q(state=State.QUEUED, created_at__lt=now - timedelta(seconds=grace_seconds), expires_at__gt=now)
+    stale = Q(state=State.RUNNING) & (Q(heartbeat_at__isnull=True) |
+                                      Q(heartbeat_at__lt=now - timedelta(seconds=stale_seconds)))
+    return list(HeavyCall.objects.filter(queued | stale).order_by('created_at')[:limit])
+
+
+def redeliver(call, stale_seconds, now=None):
+    """Publish again the message of a call that lost it (same task id): a queued call before its
+    deadline, or a running one whose worker is gone (the next delivery takes over, see `start`). Reads the
+    row again first; returns whether it was sent. A message found later as well is a duplicate, which
+    `start` drops."""
+    now = now or timezone.now()
+    fresh = HeavyCall.objects.filter(pk=call.pk).first()
+    if fresh is None:
+        return False
+    if fresh.state == State.QUEUED:
+        if now >= fresh.expires_at:
+            return False
+    elif fresh.state != State.RUNNING or (fresh.heartbeat_at is not None and
+                                          fresh.heartbeat_at >= now - timedelta(seconds=stale_seconds)):
+        return False
+    send(fresh)
+    logger.warning('Heavy call %s (%s) had no message on the broker; published it again', fresh.pk,
+                   fresh.state)
+    return True
+
+
+def forget_finished(before, limit=500):
+    """Delete up to `limit` calls that ended before `before`, with their stored results, in one
+    transaction (a call is never left without its result, nor a result without its call); return how many
+    calls were deleted."""
+    from django_celery_results.models import TaskResult
+    with transaction.atomic():
+        ids = list(HeavyCall.objects.filter(state__in=FINAL_STATES, finished_at__lt=before)
+                   .order_by('finished_at').values_list('pk', flat=True)[:limit])
+        if ids:
+            TaskResult.objects.filter(task_id__in=ids).delete()
+            HeavyCall.objects.filter(pk__in=ids).delete()
+    return len(ids)
 
 
 # --- the read side ------------------------------------------------------------------------------------------

@@ -37,6 +37,9 @@ class HeavyCall(models.Model):
     payload = models.JSONField()  # the validated request body
     fingerprint = models.CharField(max_length=64)  # sha256 of the user-visible inputs
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    # The submitting request's id (X-Request-Id, or made by the API): the worker's log lines for the call
+    # carry it (common.request_id).
+    request_id = models.CharField(max_length=100, blank=True, default='')
     state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
     # What admission decided and which lanes the worker must renew and release (capacity.admission).
     admission = models.JSONField(default=dict)
@@ -58,7 +61,11 @@ class HeavyCall(models.Model):
             models.UniqueConstraint(fields=['owner', 'idempotency_key'], name='heavy_call_idempotency',
                                     condition=models.Q(idempotency_key__isnull=False)),
         ]
-        indexes = [models.Index(fields=['queue', 'state', 'priority', 'created_at'], name='heavy_call_queue')]
+        indexes = [
+            models.Index(fields=['queue', 'state', 'priority', 'created_at'], name='heavy_call_queue'),
+            # Retention (finished before a time) and the sweep and metrics (open calls) read by state.
+            models.Index(fields=['state', 'finished_at'], name='heavy_call_state_finished'),
+        ]
 
     def __str__(self):
         return f'{self.endpoint} {self.id} {self.state}'

@@ -9,9 +9,16 @@ in its main process (started when the worker is ready) that, every WORKERS_RECON
    (pool_grow / pool_shrink, add_consumer / cancel_consumer) addressed to itself; a share of 0 (the lane
    paused, or more nodes than slots) stops consuming the queue, so its calls wait and expire;
 4. publishes what it wants and what it has (share, pool processes, consuming) for /capacity/status/.
-A hand resize (Flower, `celery control pool_grow`) is left alone, and shows as drift, until the share
-changes again. Resizing needs the prefork pool: the threads pool can't grow or shrink. The worker's signal
-handlers that start and stop the reconciler are in workers.signals.
+
+A hand resize (Flower's pool grow/shrink, `celery control pool_grow`) becomes the lane's limit
+(workers.hand_resize): the reconciler remembers what it asked for (`Sizing`) and, once that landed, takes
+the pool's size as settled; a later change it didn't ask for is a hand resize, turned into one config
+change (source `flower`), after which every node re-splits the new total, this one included. Its own
+resizes are never taken for hand ones: while one is pending nothing is read as a hand resize, and one that
+doesn't land within PENDING_TICKS intervals is settled as it is. Only a node that serves one lane queue
+does this (the pool of a node serving several is shared by them, so a resize names no lane). Resizing
+needs the prefork pool: the threads pool can't grow or shrink. The worker's signal handlers that start and
+stop the reconciler are in workers.signals.
 """
 import json
 import logging
@@ -25,10 +32,34 @@ from capacity.config import get_config
 from capacity.keys import nodes_key, pool_key
 from common import connections
 from common.process import ForkGuard
-from workers import broker, lanes
+from workers import broker, hand_resize, lanes
 
 logger = logging.getLogger('heavy_lanes')
 HEARTBEAT_FACTOR = 3  # a node is live while it renewed its heartbeat within 3 reconcile intervals
+PENDING_TICKS = 5     # an own resize that hasn't landed after this many intervals is settled as it is
+
+
+class Sizing:
+    """What this node's reconciler knows of its pool's size for one queue."""
+
+    def __init__(self):
+        self.settled = None  # the pool size last settled: what an own resize left, or a hand one adopted
+        self.expected = None  # the size an own resize asked for, while it hasn't landed
+        self.ticks = 0       # intervals the own resize has been pending
+
+    def asked(self, size):
+        self.expected, self.ticks = size, 0
+
+    def observe(self, processes):
+        """Return the hand change (processes - settled) seen now, or 0; settle an own resize that landed."""
+        if self.expected is not None:
+            self.ticks += 1
+            if processes == self.expected or self.ticks >= PENDING_TICKS:
+                self.settled, self.expected = processes, None
+            return 0
+        if self.settled is None:
+            self.settled = processes
+        return processes - self.settled
 
 
 # Held while the reconciler reads the config, and taken by every fork of this process (pool_grow forks a
@@ -83,6 +114,7 @@ class PoolReconciler(threading.Thread):
         self.interval = interval or settings.WORKERS_RECONCILE_SECONDS
         self.client = client or connections.connect('pools')
         self.applied = {}  # queue -> the share last applied
+        self.sizing = {queue: Sizing() for queue in self.queues}
         self.stopped = threading.Event()
 
     def run(self):
@@ -118,11 +150,34 @@ class PoolReconciler(threading.Thread):
         config = config or get_config()
         for queue in self.queues:
             nodes = live_nodes(self.client, queue, self.hostname, self.interval * HEARTBEAT_FACTOR)
+            if len(self.queues) == 1:
+                with fork_guard:  # adopting a hand resize writes the config to the database
+                    adopted = self.adopt_hand_resize(queue)
+                    if adopted:
+                        config = get_config()  # the saved change: re-split the new total, this node included
+                if adopted:
+                    self.applied.pop(queue, None)
             share = share_of(lanes.get_queue(queue).pool_size(config), nodes, self.hostname)
             if self.applied.get(queue) != share:
                 self.apply(queue, share)
                 self.applied[queue] = share
             self.publish(queue, share, config)
+
+    def adopt_hand_resize(self, queue):
+        """Make a hand resize of this node's pool the lane's limit; True when the config changed."""
+        sizing, processes = self.sizing[queue], self.processes()
+        change = sizing.observe(processes)
+        if not change:
+            return False
+        if not self.consuming(queue):
+            sizing.settled = processes  # a paused lane's pool runs nothing: its size is no limit
+            return False
+        outcome = hand_resize.adopt(self.client, queue, self.hostname, sizing.settled, processes,
+                                    lock_seconds=self.interval * 2)
+        if outcome == hand_resize.BUSY:
+            return False  # another node is saving its own: add this one to it next tick
+        sizing.settled = processes
+        return outcome == hand_resize.SAVED
 
     def apply(self, queue, share):
         # Fire and forget (reply=False): the main process runs these commands and forks new pool processes
@@ -130,6 +185,10 @@ class PoolReconciler(threading.Thread):
         # at the moment of the fork, and a child that inherits a held lock hangs on its first call.
         control = self.app.control
         destination = [self.hostname]
+        current = self.processes()
+        # What this resize will leave (a paused lane keeps its processes): until the pool has it, no change
+        # of the pool's size is read as a hand resize.
+        self.sizing[queue].asked(share if share > 0 else current)
         if share == 0:
             if self.consuming(queue):
                 control.cancel_consumer(queue, destination=destination, reply=False)
@@ -137,7 +196,6 @@ class PoolReconciler(threading.Thread):
             return
         if not self.consuming(queue):
             control.add_consumer(queue, destination=destination, reply=False)
-        current = self.processes()
         if share > current:
             control.pool_grow(share - current, destination=destination, reply=False)
         elif share < current:

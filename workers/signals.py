@@ -4,6 +4,11 @@ Celery imports this module at worker start (the app's `include`); an API process
 these handlers runs, or is even registered, outside a worker.
 
 - `task_revoked`: a call that won't run or was stopped — ended and its leases freed (workers.lifecycle);
+- `task_failure` with TimeLimitExceeded: Celery killed the pool process running a call at its hard time
+  limit — the call ends `failed` saying so and its leases are freed (lifecycle.time_out); the message is
+  acknowledged by Celery (acks_on_timeout), so it is not delivered again;
+- `task_prerun`, `task_postrun`: bind the call's request id (a header of its message) while it runs, in the
+  pool process, so every log line of it carries the id (common.jsonlog);
 - `celeryd_after_setup`, `worker_ready`, `worker_shutdown`: don't consume a paused queue at start, and
   start and stop the node's pool reconciler (workers.pool).
 
@@ -11,10 +16,14 @@ It also replaces Celery's event heartbeat with one that doesn't retry (see `Hear
 """
 import logging
 
-from celery.signals import celeryd_after_setup, task_revoked, worker_ready, worker_shutdown
+from celery.exceptions import TimeLimitExceeded
+from celery.signals import (
+    celeryd_after_setup, task_failure, task_postrun, task_prerun, task_revoked, worker_ready, worker_shutdown,
+)
 from celery.worker import heartbeat
 
 from capacity.config import get_config
+from common import request_id
 from workers import lanes, lifecycle
 from workers.models import State
 from workers.pool import PoolReconciler
@@ -56,14 +65,43 @@ def end_revoked(request=None, terminated=False, expired=False, **kwargs):
         logger.exception('Could not end revoked heavy call %s', call_id)
 
 
+_bound = []  # the request id bound by task_prerun in this pool process (one task at a time)
+
+
+@task_prerun.connect
+def bind_request_id(task=None, **kwargs):
+    _bound.append(request_id.bind(getattr(getattr(task, 'request', None), 'request_id', None)))
+
+
+@task_postrun.connect
+def unbind_request_id(**kwargs):
+    while _bound:
+        request_id.unbind(_bound.pop())
+
+
+@task_failure.connect
+def end_timed_out(task_id=None, exception=None, **kwargs):
+    """The hard time limit: sent in the main process after it killed the pool process. (Other failures
+    are sent in the pool process, where workers.execution already recorded them.)"""
+    if not task_id or not isinstance(exception, TimeLimitExceeded):
+        return
+    seconds = exception.args[0] if exception.args else '?'
+    try:
+        lifecycle.time_out(task_id, seconds, _node[0] if _node else '')
+    except Exception:  # noqa: BLE001 - never break the worker's main loop; the leases expire on their own
+        logger.exception('Could not end timed-out heavy call %s', task_id)
+
+
 _reconciler = None
 _served = []  # the queues this node was started for (-Q), whether it consumes them now or not
+_node = []    # this worker's node name ('<queue>@<host>')
 
 
 @celeryd_after_setup.connect
 def skip_paused_queues(sender=None, instance=None, **kwargs):
     """Don't start consuming a queue whose pool size is 0: a call it took would run in a paused lane."""
     queues = instance.app.amqp.queues
+    _node[:] = [sender]
     _served[:] = [name for name in (queues.consume_from or {}) if name in lanes.QUEUE_NAMES]
     try:
         config = get_config()

@@ -1,8 +1,11 @@
 """Queue status for /capacity/status/ and /metrics: depth, oldest waiting call, and the lane's pools.
 
 Depth is read on the broker (LLEN of the queue's list and of each priority level's list, as the Redis
-transport stores them), so it counts messages no worker has taken yet. The oldest waiting age comes from
-the calls' rows. Pools are what each live lane node last published (workers.pool). No Celery import here.
+transport stores them, workers.messages), so it counts messages no worker has taken yet; the message of a
+call cancelled or expired while queued is taken out when it ends (and by the sweep, should that fail),
+so depth counts only calls that still wait. The oldest waiting age comes from the rows of the calls
+still queued and not past their deadline. Pools are what each live lane node last published
+(workers.pool). No Celery import here.
 """
 import time
 
@@ -12,36 +15,19 @@ from django.db.models import Min
 from django.utils import timezone
 
 from common import connections
-from workers import lanes
+from workers import lanes, messages
 from workers.models import HeavyCall, State
 from workers.pool import read_pools
 
-PRIORITY_SEPARATOR = '\x06\x16'  # kombu's Redis transport: '<queue>\x06\x16<level>' for levels above 0
-
-
-def client_for(url):
-    return connections.connect('status', url)
-
-
-def priority_lists(queue):
-    options = settings.CELERY_BROKER_TRANSPORT_OPTIONS
-    steps = options.get('priority_steps', [0, 3, 6, 9])
-    prefix = options.get('global_keyprefix', '')
-    return [prefix + (queue if step == 0 else f'{queue}{PRIORITY_SEPARATOR}{step}') for step in steps]
-
-
 def depth(queue):
-    broker = client_for(settings.CELERY_BROKER_URL)
-    pipe = broker.pipeline(transaction=False)
-    for name in priority_lists(queue):
-        pipe.llen(name)
-    return sum(pipe.execute())
+    return messages.depth(queue, connections.connect('status', settings.CELERY_BROKER_URL))
 
 
 def oldest_waiting(now=None):
-    """{queue: seconds the oldest queued call has waited}."""
+    """{queue: seconds the oldest call that still waits has waited} (queued, its deadline not passed)."""
     now = now or timezone.now()
-    rows = HeavyCall.objects.filter(state=State.QUEUED).values('queue').annotate(oldest=Min('created_at'))
+    rows = HeavyCall.objects.filter(state=State.QUEUED, expires_at__gt=now).values('queue').annotate(
+        oldest=Min('created_at'))
     return {row['queue']: round((now - row['oldest']).total_seconds(), 3) for row in rows}
 
 

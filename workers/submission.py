@@ -137,6 +137,7 @@ def enqueue(heavy, admission, publish=None):
         semantic=heavy.semantic, reranker=heavy.reranker, rows=heavy.rows,
         priority=TIER_PRIORITY[admission.tier or get_tier(heavy.user)], payload=heavy.body,
         fingerprint=heavy.digest, idempotency_key=heavy.idempotency_key, admission=admission.to_json(),
+        request_id=heavy.facts.cid or '',
         created_at=now, expires_at=now + timedelta(seconds=config['queue']['deadline_seconds']))
     try:
         return lifecycle.enqueue(call, publish)

@@ -1,7 +1,9 @@
-"""The Celery task: a thin wrapper around workers.execution.run (imported by worker processes only)."""
+"""The Celery tasks, thin wrappers around plain functions (imported by worker processes only): a heavy call
+(workers.execution.run) and the periodic maintenance that Celery beat sends to the `maintenance` queue
+(workers.sweep, workers.retention)."""
 from common.database import DATABASE_DOWN
-from workers import execution
-from workers.celery import TASK_NAME, app
+from workers import execution, retention, sweep
+from workers.celery import RETENTION_TASK, SWEEP_TASK, TASK_NAME, app
 
 RETRY_MAX_SECONDS = 30
 
@@ -12,8 +14,10 @@ RETRY_MAX_SECONDS = 30
 @app.task(name=TASK_NAME, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def run_heavy_call(self, call_id):
     """Run one admitted heavy call (its id is the Celery task id and the lease token)."""
+    limits = self.request.timelimit or (None, None)  # (hard, soft) seconds, from the message
     try:
-        execution.run(call_id, node=self.request.hostname or '')  # the result is stored; Celery needn't log it
+        # The result is stored by the lifecycle; Celery needn't log it.
+        execution.run(call_id, node=self.request.hostname or '', soft_limit=limits[1])
     except execution.Busy as busy:
         # Another worker runs it now. Not run, not dropped: if that worker dies, this message is its
         # redelivery; if the call ends first, the next look finds it ended.
@@ -22,3 +26,15 @@ def run_heavy_call(self, call_id):
         # The call's state couldn't be recorded: never acknowledge its message as handled. A new message
         # (the same task id, its queue deadline kept) comes back after a pause that grows to 30 s.
         raise self.retry(exc=ex, countdown=min(2 ** self.request.retries, RETRY_MAX_SECONDS), max_retries=None)
+
+
+@app.task(name=SWEEP_TASK, ignore_result=True)
+def sweep_calls():
+    """End the calls past their deadline and publish again the ones whose message is gone."""
+    return sweep.sweep().to_json()
+
+
+@app.task(name=RETENTION_TASK, ignore_result=True)
+def prune_finished_calls():
+    """Delete the calls (and their results) that ended longer ago than the retention period."""
+    return retention.prune()

@@ -43,6 +43,19 @@ class WorkQueue:
             return config['reserve_single_row']
         return bulk_limit(lane_limit(config, self.draws_on), config)
 
+    def sized_to(self, pool_size, config):
+        """The config change (nested, for capacity.config.save_config) that makes this queue's pool size
+        `pool_size` under `config`: the inverse of `pool_size` (`sized_by`). For `interactive` that is the
+        single-row reserve, which every bulk share is counted after."""
+        pool_size = max(int(pool_size), 0)
+        if self.single_row:
+            return {'reserve_single_row': pool_size}
+        path = LANE_CONFIG_PATHS[self.draws_on].split('.')
+        change = pool_size + config['reserve_single_row']
+        for key in reversed(path):
+            change = {key: change}
+        return change
+
 
 LANE_CONFIG_PATHS = {Lane.API_HEAVY: 'api_heavy.cluster', Lane.ES2_KNN: 'es2_knn'}
 
@@ -58,6 +71,9 @@ QUEUES = (
 )
 BY_NAME = {queue.name: queue for queue in QUEUES}
 QUEUE_NAMES = tuple(BY_NAME)
+# Not a lane and not in QUEUES: the queue of the periodic maintenance tasks Celery beat sends (the sweep,
+# retention), consumed by a small worker of its own, never by a lane worker (whose pool is a lane's limit).
+MAINTENANCE_QUEUE = 'maintenance'
 
 
 class UnknownQueue(LookupError):

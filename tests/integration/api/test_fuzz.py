@@ -9,7 +9,9 @@ from schemathesis.checks import not_a_server_error
 from api.wsgi import application
 
 pytestmark = pytest.mark.redis
-schema = schemathesis.openapi.from_wsgi('/schema/', application)
+# /readyz answers 503 by design while a service is down or a lane has no consumer (none runs here); its own
+# tests (test_readiness.py) cover it.
+schema = schemathesis.openapi.from_wsgi('/schema/', application).exclude(path='/readyz')
 EXAMPLES = 30
 
 

@@ -1,5 +1,5 @@
 """Operations against real workers: queue depth and age in status and metrics, resizing through the
-config endpoint, a Flower resize showing as drift, and a metrics scrape that agrees with status."""
+config endpoint, a Flower resize becoming the lane's limit, and a metrics scrape that agrees with status."""
 import base64
 import os
 import re
@@ -117,25 +117,61 @@ def flower_post(url, path, auth='ops:secret'):
         return ex.code
 
 
-def test_a_flower_pool_shrink_shows_as_drift_until_the_limit_changes(
-        broker, start_worker, flower, make_user, api_as, configure):
+def pools(staff, queue):
+    """{node: pool processes} of the live nodes serving `queue`, as /capacity/status/ shows them."""
+    workers = staff.get('/capacity/status/').json()['queues'][queue]['workers']
+    return {node: entry['processes'] for node, entry in workers.items()}
+
+
+def flower_entries(staff):
+    return [entry for entry in staff.get('/capacity/config/history/').json() if entry['source'] == 'flower']
+
+
+def test_a_flower_pool_grow_becomes_the_lane_limit_and_both_nodes_resplit_it(
+        broker, start_worker, flower, make_user, api_as):
+    a = start_worker(name='knn-a', queues=('es2_knn',))
+    b = start_worker(name='knn-b', queues=('es2_knn',))
+    staff = api_as(make_user(is_staff=True))
+    wait_until(lambda: pools(staff, 'es2_knn') == {a.node: 1, b.node: 1}, timeout=10, interval=0.2,
+               message='pool 2 (es2_knn 3 - 1) split 1 + 1')
+    # The reconcilers' own resizes, after a config change, are never taken for hand resizes.
+    changed = staff.patch('/capacity/config/', {'es2_knn': 5, 'note': 'more kNN'}, format='json')
+    assert changed.status_code == 200
+    wait_until(lambda: pools(staff, 'es2_knn') == {a.node: 2, b.node: 2}, timeout=10, interval=0.2,
+               message='pool 4 split 2 + 2')
+    time.sleep(1.5)  # three reconcile intervals
+    assert flower_entries(staff) == []
+    wait_until(lambda: flower_knows(flower, b.node), timeout=20, interval=0.5, message='Flower to see it')
+
+    assert flower_post(flower, f'/api/worker/pool/grow/{b.node}?n=1') == 200
+    grown = time.monotonic()
+    wait_until(lambda: staff.get('/capacity/config/').json()['config']['es2_knn'] == 6, timeout=5,
+               interval=0.05, message='the lane limit to follow')
+    assert time.monotonic() - grown < 1.0  # one reconcile interval (0.5 s) and the save
+    [entry] = flower_entries(staff)
+    assert entry['changes'] == {'es2_knn': [5, 6]} and entry['created_by'] is None
+    assert f'{b.node} pool grown by hand from 2 to 3 processes' in entry['note']
+    # Both nodes re-split the new pool size, 6 - 1 = 5 (the first by name takes the odd one).
+    wait_until(lambda: pools(staff, 'es2_knn') == {a.node: 3, b.node: 2}, timeout=10, interval=0.2,
+               message='pool 5 split 3 + 2')
+    time.sleep(1.5)
+    assert pools(staff, 'es2_knn') == {a.node: 3, b.node: 2}
+    assert len(flower_entries(staff)) == 1  # one resize, one config change
+
+
+def test_a_flower_pool_shrink_lowers_the_lane_limit(broker, start_worker, flower, make_user, api_as):
     worker = start_worker(name='heavy', queues=('api_heavy',), concurrency=1)
     staff = api_as(make_user(is_staff=True))
-    wait_until(lambda: staff.get('/capacity/status/').json()['queues']['api_heavy']['pool'] == 3, timeout=10,
-               interval=0.2, message='pool 3 (cluster 4 - 1)')
+    wait_until(lambda: pools(staff, 'api_heavy') == {worker.node: 3}, timeout=10, interval=0.2,
+               message='pool 3 (cluster 4 - 1)')
     wait_until(lambda: flower_knows(flower, worker.node), timeout=20, interval=0.5, message='Flower to see it')
     assert flower_post(flower, f'/api/worker/pool/shrink/{worker.node}?n=1', auth=None) == 401
     assert flower_post(flower, f'/api/worker/pool/shrink/{worker.node}?n=1') == 200
-    drifted = wait_until(lambda: (lambda q: q if q['drift'] == -1 else None)(
-        staff.get('/capacity/status/').json()['queues']['api_heavy']), timeout=5, interval=0.2, message='drift')
-    assert drifted['pool'] == 2 and drifted['configured_pool'] == 3
-    assert drifted['workers'][worker.node]['drift'] == -1
-    time.sleep(1.5)  # the reconciler leaves a hand resize alone...
-    assert staff.get('/capacity/status/').json()['queues']['api_heavy']['drift'] == -1
-    configure(api_heavy={'cluster': 5, 'per_task': 2})  # ...until the configured size changes
-    wait_until(lambda: staff.get('/capacity/status/').json()['queues']['api_heavy']['pool'] == 4, timeout=5,
-               interval=0.2, message='the new size')
-    assert staff.get('/capacity/status/').json()['queues']['api_heavy']['drift'] == 0
+    wait_until(lambda: staff.get('/capacity/config/').json()['config']['api_heavy'] == {
+        'cluster': 3, 'per_task': 2}, timeout=5, interval=0.1, message='the cluster limit to follow')
+    assert [entry['changes'] for entry in flower_entries(staff)] == [{'api_heavy.cluster': [4, 3]}]
+    queue = staff.get('/capacity/status/').json()['queues']['api_heavy']
+    assert (queue['pool'], queue['configured_pool'], queue['drift']) == (2, 2, 0)
 
 
 def test_a_scrape_while_calls_run_has_every_series_and_agrees_with_status(

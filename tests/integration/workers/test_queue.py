@@ -34,7 +34,7 @@ def log_line_of(worker, call_id):
     for text in worker.output().splitlines():
         if text.startswith('{') and call_id in text:
             record = json.loads(text)
-            if record.get('task_id') == call_id:
+            if record.get('event') == 'ocl_capacity' and record.get('task_id') == call_id:
                 return record
     return None
 

@@ -7,7 +7,8 @@ from workers.celery import flower_auth_problem
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SAFE = {'HEAVY_LANES_PRODUCTION': 'true', 'SECRET_KEY': 'a-real-secret', 'ALLOWED_HOSTS': 'api.example',
-        'DATABASE_URL': 'postgres://postgres@127.0.0.1:5432/test', 'DEBUG': '', 'CORS_ALLOW_ALL_ORIGINS': ''}
+        'DATABASE_URL': 'postgres://postgres@127.0.0.1:5432/test', 'DEBUG': '', 'CORS_ALLOW_ALL_ORIGINS': '',
+        'METRICS_TOKEN': 'a-scrape-token'}
 
 
 def check(**env):
@@ -28,6 +29,10 @@ def test_production_refuses_debug_a_missing_secret_open_hosts_and_sqlite():
     for problem in ('DEBUG is on', 'SECRET_KEY is not set', 'ALLOWED_HOSTS must name the hosts',
                     'CORS_ALLOW_ALL_ORIGINS is on', 'embedded SQLite'):
         assert problem in message
+
+
+def test_production_refuses_open_metrics():
+    assert 'METRICS_TOKEN is not set' in check(METRICS_TOKEN='').stderr
 
 
 def test_production_refuses_an_open_flower_api():

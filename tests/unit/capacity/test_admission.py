@@ -96,7 +96,7 @@ def test_the_log_record():
         'es2_knn_limit': 2, 'tier_in_flight': 1, 'tier_limit': 2, 'user_in_flight': 2, 'user_limit': 1,
         'suggested': 1, 'retry_after': 5, 'queue_ms': 3000, 'error': None, 'host': 'h1',
         'request_source': 'automatch', 'algorithm_id': 'a' * 100, 'automatch_run_id': 'r' * 20, 'cid': 'req-1',
-        'task_id': 't' * 32}
+        'request_id': 'req-1', 'task_id': 't' * 32}
 
 
 def test_the_worker_gets_every_lane_but_this_hosts():

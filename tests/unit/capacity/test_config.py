@@ -168,3 +168,25 @@ def test_resolve_falls_back_to_the_defaults_and_logs_an_invalid_stored_config(ca
     [record] = caplog.records
     assert record.levelno == logging.ERROR
     assert record.getMessage() == f'Capacity config is invalid ({errors}); using the defaults'
+
+
+def test_the_time_limits_follow_max_hold_and_the_leases_outlive_the_hard_one():
+    from capacity.config import time_limits
+    limits = time_limits(DEFAULTS)
+    assert (limits.soft, limits.hard) == (900, 920)
+    assert time_limits(changed(max_hold_seconds=60)).hard == 80
+    # The last renewal (at most renew_seconds before the soft limit) is still held at the hard limit.
+    assert limits.soft - DEFAULTS['renew_seconds'] + DEFAULTS['lease_seconds'] > limits.hard
+
+
+@pytest.mark.parametrize('changes, visibility, problem', [
+    ({}, 3600, False),                                                   # 600 + 920 < 3600
+    ({'max_hold_seconds': 2980}, 3600, True),                            # 600 + 2980 + 20 = 3600: too long
+    ({'max_hold_seconds': 2979}, 3600, False),                           # 3599: just under
+    ({'queue': {'deadline_seconds': 3000, 'max_waiting': DEFAULTS['queue']['max_waiting']}}, 3600, True),
+    ({}, 1520, True),                                                    # exactly the visibility timeout
+])
+def test_a_config_whose_calls_could_outlast_the_visibility_timeout_is_a_broker_problem(
+        changes, visibility, problem):
+    from capacity.config import broker_problems
+    assert bool(broker_problems(changed(**changes), visibility)) is problem

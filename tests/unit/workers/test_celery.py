@@ -21,3 +21,19 @@ def test_a_plain_django_process_publishes_through_the_configured_app():
                                  'HEAVY_LANES_VAR_DIR': '/tmp/heavy-lanes-probe'})
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ['heavy_lanes', '1', "['json']", '3600']
+
+
+def test_beat_sends_the_sweep_and_retention_to_the_maintenance_queue_and_nothing_else(tmp_path):
+    from celery.beat import PersistentScheduler
+
+    from workers.celery import MAINTENANCE_QUEUE, app
+    from workers.lanes import QUEUE_NAMES
+    # The scheduler `celery beat` runs, with the default entries it adds.
+    scheduler = PersistentScheduler(app, schedule_filename=str(tmp_path / 'schedule'), lazy=True)
+    scheduler.setup_schedule()
+    entries = {name: (entry.task, entry.options.get('queue')) for name, entry in scheduler.schedule.items()}
+    # No `celery.backend_cleanup`: the result backend never deletes a result whose call is still kept.
+    assert entries == {'sweep': ('heavy_lanes.sweep', 'maintenance'),
+                       'retention': ('heavy_lanes.retention', 'maintenance')}
+    assert MAINTENANCE_QUEUE not in QUEUE_NAMES
+    scheduler.close()

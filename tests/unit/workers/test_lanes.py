@@ -66,3 +66,16 @@ def test_the_pool_is_split_across_nodes_and_sums_to_the_total(total, nodes, shar
 
 def test_a_node_not_among_the_live_ones_gets_nothing():
     assert share_of(3, ['a', 'b'], 'c') == 0
+
+
+@pytest.mark.parametrize('queue, pool_size, change', [
+    ('interactive', 2, {'reserve_single_row': 2}),     # the single-row reserve is the pool
+    ('es2_knn', 3, {'es2_knn': 4}),                    # the bulk share is the limit less the reserve
+    ('api_heavy', 4, {'api_heavy': {'cluster': 5}}),   # only the cluster limit; per_task stays
+    ('es2_knn', 0, {'es2_knn': 1}),                    # a pool of 0 pauses the lane
+])
+def test_a_pool_size_turns_back_into_the_config_value_that_sizes_the_queue(queue, pool_size, change):
+    from capacity.config import get_defaults, merge
+    defaults = get_defaults()
+    assert get_queue(queue).sized_to(pool_size, defaults) == change
+    assert get_queue(queue).pool_size(merge(defaults, change)) == pool_size

@@ -1,0 +1,73 @@
+"""GET /readyz: whether this API host can take heavy calls now, check by check.
+
+- `database`: a `SELECT 1` on this process's connection;
+- `lanes`: the lane store answers PING (through its own thread and deadline);
+- `broker`: the Celery broker answers PING (a call couldn't be published without it);
+- `consumers`: every lane queue whose pool size isn't 0 (not paused) has a live node consuming it, as the
+  nodes' pool reconcilers last published (workers.pool): a node counts while it published within
+  READY_STALE_FACTOR x WORKERS_RECONCILE_SECONDS, and a node that stops cleanly leaves at once.
+
+/healthz stays the cheap liveness probe (the process and its database); this one costs three Redis round
+trips and a small read, each bounded by its client's timeouts. It answers 200 or 503 with every check, so a
+load balancer or an operator sees which one failed; an error is named by its class only (no host names).
+"""
+import time
+
+from django.conf import settings
+from django.db import connection
+
+from capacity.config import get_config
+from capacity.store import get_store
+from common import connections
+from workers import lanes
+from workers.pool import read_pools
+
+OK = 'ok'
+READY_STALE_FACTOR = 1.5  # a node silent for 1.5 reconcile intervals is taken for gone (15 s by default)
+
+
+def check_database():
+    with connection.cursor() as cursor:
+        cursor.execute('SELECT 1')
+
+
+def check_lanes():
+    get_store().command('ping')
+
+
+def check_broker():
+    connections.connect('status', settings.CELERY_BROKER_URL).ping()
+
+
+def live_consumers(queue, now=None):
+    """The nodes consuming `queue` that published their pool recently enough to be alive."""
+    now = time.time() if now is None else now
+    fresh = READY_STALE_FACTOR * settings.WORKERS_RECONCILE_SECONDS
+    pools = read_pools(connections.connect('status'), queue)
+    return sorted(node for node, pool in pools.items()
+                  if pool.get('consuming') and now - pool['updated'] <= fresh)
+
+
+def check_consumers(config):
+    """None when every lane that isn't paused has a consumer, else what is missing."""
+    missing = [queue.name for queue in lanes.QUEUES
+               if queue.pool_size(config) > 0 and not live_consumers(queue.name)]
+    if missing:
+        return f'no consumer for {", ".join(missing)}'
+    return None
+
+
+def run_checks():
+    """(ready, {check: 'ok' or what failed})."""
+    checks = {}
+    for name, check in (('database', check_database), ('lanes', check_lanes), ('broker', check_broker)):
+        try:
+            check()
+            checks[name] = OK
+        except Exception as ex:  # noqa: BLE001 - a failed check is the answer, not an error
+            checks[name] = type(ex).__name__
+    try:
+        checks['consumers'] = check_consumers(get_config()) or OK
+    except Exception as ex:  # noqa: BLE001
+        checks['consumers'] = type(ex).__name__
+    return all(value == OK for value in checks.values()), checks

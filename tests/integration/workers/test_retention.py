@@ -1,0 +1,67 @@
+"""Retention: calls that ended before the retention period are deleted with their results; everything
+newer, and every open call, stays; the finished-calls counter in /metrics doesn't drop when rows go."""
+import uuid
+from datetime import timedelta
+
+import pytest
+from celery import states
+from django.utils import timezone
+from django_celery_results.models import TaskResult
+
+from capacity.store import LaneStore, use_store
+from tests.integration.workers.conftest import wait_until
+from tests.integration.workers.test_operations import scrape
+from workers import lifecycle, retention
+from workers.celery import app
+from workers.models import HeavyCall, State
+
+pytestmark = pytest.mark.django_db
+DAY = 24 * 3600
+
+
+def call(user, state, ended_days_ago=None, created_days_ago=0, result=None):
+    now = timezone.now()
+    row = HeavyCall.objects.create(
+        id=uuid.uuid4().hex,
+        owner=user, endpoint='$match', queue='es2_knn', payload={'rows': []}, fingerprint='f', state=state,
+        created_at=now - timedelta(days=created_days_ago), expires_at=now + timedelta(minutes=10),
+        finished_at=None if ended_days_ago is None else now - timedelta(days=ended_days_ago))
+    if result is not None:
+        app.backend.store_result(row.pk, result, states.SUCCESS)
+    return row
+
+
+def test_a_retention_run_deletes_only_calls_that_ended_before_the_period_and_their_results_with_them(
+        make_user, settings):
+    settings.HEAVY_LANES_RETENTION_SECONDS = 7 * DAY
+    user = make_user()
+    old = [call(user, State.SUCCEEDED, 8, 8, result={'n': 1}), call(user, State.FAILED, 7.01, 8),
+           call(user, State.CANCELLED, 30, 30), call(user, State.EXPIRED, 9, 9)]
+    kept = [call(user, State.SUCCEEDED, 6.9, 8, result={'n': 2}),
+            call(user, State.SUCCEEDED, 0, 0, result={'n': 3}),
+            call(user, State.QUEUED, created_days_ago=20), call(user, State.RUNNING, created_days_ago=20)]
+
+    assert retention.prune(batch=2) == 4  # in batches of 2, each one transaction
+
+    assert set(HeavyCall.objects.values_list('pk', flat=True)) == {row.pk for row in kept}
+    assert not TaskResult.objects.filter(task_id__in=[row.pk for row in old]).exists()
+    # A succeeded call inside the window still has its result.
+    assert [lifecycle.result(row) for row in kept[:2]] == [{'n': 2}, {'n': 3}]
+    assert retention.prune() == 0
+
+
+def test_finished_calls_stay_counted_in_metrics_after_their_rows_are_deleted(
+        make_user, settings, client, real_redis):
+    use_store(LaneStore(real_redis))
+    try:
+        user = make_user()
+        row = call(user, State.RUNNING, created_days_ago=10)
+        assert lifecycle.succeed(row, {'ok': True})
+        lifecycle.ended(row)  # what the worker does once it released the leases
+        key = 'heavy_lanes_calls_finished_total{queue="es2_knn",state="succeeded"}'
+        wait_until(lambda: scrape(client).get(key) == 1, timeout=5, message='the counter to reach Redis')
+        HeavyCall.objects.filter(pk=row.pk).update(finished_at=timezone.now() - timedelta(days=30))
+        assert retention.prune() == 1 and not HeavyCall.objects.exists()
+        assert scrape(client)[key] == 1
+    finally:
+        use_store(None)

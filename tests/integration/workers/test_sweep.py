@@ -1,0 +1,80 @@
+"""The sweep, on the real broker: calls past their deadline end `expired` unpolled, and calls whose message
+went missing are sent again (and run once); a live worker's call never is."""
+import json
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.utils import timezone
+
+from tests.integration.workers.test_queue import holds, poll, submit
+from workers import messages, sweep
+from workers.models import HeavyCall
+
+pytestmark = [pytest.mark.slow, pytest.mark.redis]
+
+
+def lose_messages(broker, queue):
+    """What a Redis that lost its data (or a publish that never landed) leaves: no message for the queue."""
+    for name in messages.lists(queue):
+        broker.delete(name)
+
+
+def test_a_queued_call_past_its_deadline_is_expired_by_the_sweep_without_a_poll(
+        broker, tiny_source, make_user, api_as, configure, lanes_redis):
+    configure(es2_knn=1)  # paused: nothing takes the message
+    client = api_as(make_user())
+    call_id = submit(client, tiny_source).json()['id']
+    assert messages.depth('es2_knn') == 1 and holds(lanes_redis, call_id) > 0
+    HeavyCall.objects.filter(pk=call_id).update(expires_at=timezone.now() - timedelta(seconds=1))
+
+    report = sweep.sweep()
+
+    assert report.expired == [call_id]
+    call = HeavyCall.objects.get(pk=call_id)
+    assert call.state == 'expired' and call.started_at is None
+    assert holds(lanes_redis, call_id) == 0
+    assert messages.depth('es2_knn') == 0  # its message is off the broker too
+
+
+def test_a_queued_call_whose_message_was_lost_is_sent_again_and_runs(
+        broker, start_worker, tiny_source, make_user, api_as, configure, lanes_redis):
+    configure(es2_knn=1)
+    start_worker(name='knn', queues=('es2_knn',))
+    client = api_as(make_user())
+    call_id = submit(client, tiny_source).json()['id']
+    fresh = sweep.sweep(grace_seconds=60)
+    assert fresh.resent == []  # younger than the grace period: left alone
+    lose_messages(broker, 'es2_knn')
+    assert sweep.sweep(grace_seconds=60).resent == []  # still inside the grace period
+
+    report = sweep.sweep(grace_seconds=0)
+
+    assert report.resent == [call_id]
+    assert call_id in messages.present(['es2_knn'])
+    assert sweep.sweep(grace_seconds=0).resent == []  # it has a message now
+    configure(es2_knn=3)  # resume the lane: the message sent again runs the call, once
+    assert poll(client, call_id, timeout=30).json()['state'] == 'succeeded'
+    assert HeavyCall.objects.get(pk=call_id).attempts == 1
+
+
+def test_a_running_call_with_a_dead_worker_is_sent_again_only_when_its_message_is_gone(
+        broker, tiny_source, make_user, api_as, configure, lanes_redis):
+    configure(es2_knn=1)
+    client = api_as(make_user())
+    call_id = submit(client, tiny_source).json()['id']
+    # A worker took it (its message is unacknowledged) and died: no heartbeat for longer than a lease.
+    prefix = settings.CELERY_BROKER_TRANSPORT_OPTIONS['global_keyprefix']
+    raw = next(broker.rpop(name) for name in messages.lists('es2_knn') if broker.llen(name))
+    broker.hset(prefix + 'unacked', 'tag-1', json.dumps([json.loads(raw), '', 'es2_knn']))
+    stale = timezone.now() - timedelta(seconds=120)
+    HeavyCall.objects.filter(pk=call_id).update(state='running', worker='gone@host pid 1', started_at=stale,
+                                                heartbeat_at=stale)
+
+    assert sweep.sweep(grace_seconds=0).resent == []  # the broker will deliver it again itself
+    broker.delete(prefix + 'unacked')  # ...unless the broker lost it
+    assert sweep.sweep(grace_seconds=0).resent == [call_id]
+    assert messages.depth('es2_knn') == 1
+    HeavyCall.objects.filter(pk=call_id).update(heartbeat_at=timezone.now())
+    lose_messages(broker, 'es2_knn')
+    assert sweep.sweep(grace_seconds=0).resent == []  # a live worker's call is never sent again

@@ -1,0 +1,23 @@
+"""The reconciler's view of its own pool size: its own resizes are never read as hand resizes. Pure."""
+from workers.pool import PENDING_TICKS, Sizing
+
+
+def test_an_own_resize_is_settled_once_it_landed_and_only_a_later_change_is_a_hand_resize():
+    sizing = Sizing()
+    assert sizing.observe(1) == 0          # the size at start is the first settled size
+    sizing.asked(3)                        # the reconciler grows the pool to its share
+    assert sizing.observe(2) == 0          # half-way there: still its own resize
+    assert sizing.observe(3) == 0          # landed
+    assert sizing.observe(3) == 0
+    assert sizing.observe(4) == 1          # nobody asked for this: a hand grow by 1
+    sizing.settled = 4                     # adopted
+    assert sizing.observe(2) == -2         # a hand shrink by 2
+
+
+def test_an_own_resize_that_never_lands_is_settled_as_it_is_and_not_taken_for_a_hand_one():
+    sizing = Sizing()
+    sizing.observe(2)
+    sizing.asked(1)                        # a shrink that can't happen (every process busy)
+    for _ in range(PENDING_TICKS):
+        assert sizing.observe(2) == 0
+    assert sizing.settled == 2 and sizing.observe(2) == 0

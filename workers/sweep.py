@@ -1,0 +1,98 @@
+"""The sweep: every WORKERS_SWEEP_SECONDS (Celery beat, on the `maintenance` queue) it finds the calls that
+nothing else would end or run, and ends or sends them through workers.lifecycle:
+
+1. a queued call past its queue deadline ends `expired` (its leases are released, its line logged and its
+   message taken off the broker), even when nobody polls it and no worker sees its message;
+2. a queued call older than WORKERS_SWEEP_GRACE_SECONDS whose message is on no broker list and not
+   unacknowledged (a Redis that lost its data, a publish that never landed) is published again with the
+   same task id, while its deadline hasn't passed;
+3. a running call whose heartbeat is older than `lease_seconds` (its worker is gone) and whose message is
+   nowhere on the broker is published again too: the next delivery takes over (lifecycle.start);
+4. the message of a call that ended while queued and is still on a list (a cancel whose discard failed) is
+   taken out, so a queue's depth counts only calls that still wait.
+
+One sweep runs at a time across the cluster (a Redis lock that expires by itself). A message that appears
+twice (a worker took it in the instant between the broker read and the republish) is a duplicate, which
+lifecycle.start drops. Written by hand: kombu and Celery have no notion of a message that went missing.
+"""
+import logging
+import uuid
+from dataclasses import dataclass, field
+
+from django.conf import settings
+
+from capacity.config import get_config
+from common import connections
+from workers import lanes, lifecycle, messages
+from workers.models import HeavyCall, State
+
+logger = logging.getLogger('heavy_lanes')
+LOCK_KEY = 'sweep-lock'
+
+
+@dataclass
+class SweepReport:
+    expired: list = field(default_factory=list)
+    resent: list = field(default_factory=list)
+    discarded: int = 0
+    skipped: bool = False  # another sweep held the lock
+
+    def to_json(self):
+        return {'expired': len(self.expired), 'resent': len(self.resent), 'discarded': self.discarded,
+                'skipped': self.skipped}
+
+
+def lock(client, seconds):
+    """Take the cluster-wide sweep lock for `seconds`; a token when taken, else None."""
+    token = uuid.uuid4().hex
+    key = f'{settings.CAPACITY_KEY_PREFIX}:{LOCK_KEY}'
+    return token if client.set(key, token, nx=True, ex=max(int(seconds), 1)) else None
+
+
+def unlock(client, token):
+    key = f'{settings.CAPACITY_KEY_PREFIX}:{LOCK_KEY}'
+    if client.get(key) in (token, token.encode()):
+        client.delete(key)
+
+
+def sweep(grace_seconds=None, broker=None):
+    """Run one sweep (see the module docstring) and say what it did."""
+    report = SweepReport()
+    client = connections.connect('pools')
+    token = lock(client, settings.WORKERS_SWEEP_SECONDS * 2)
+    if token is None:
+        report.skipped = True
+        return report
+    try:
+        run_steps(report, settings.WORKERS_SWEEP_GRACE_SECONDS if grace_seconds is None else grace_seconds,
+                  broker or messages.broker())
+    finally:
+        unlock(client, token)
+    if report.expired or report.resent or report.discarded:
+        logger.info('Sweep: %s', report.to_json())
+    return report
+
+
+def run_steps(report, grace_seconds, broker):
+    for call in lifecycle.overdue():
+        if lifecycle.end_unstarted(call.pk, State.EXPIRED, purge=True):
+            report.expired.append(call.pk)
+    stale_seconds = get_config()['lease_seconds']
+    candidates = lifecycle.maybe_lost(grace_seconds, stale_seconds)
+    present = messages.present(lanes.QUEUE_NAMES, broker)
+    for call in candidates:
+        if call.pk not in present and lifecycle.redeliver(call, stale_seconds):
+            report.resent.append(call.pk)
+    report.discarded = discard_ended(present, broker)
+
+
+def discard_ended(present, broker):
+    """Take the waiting messages of calls that already ended off the broker; return how many."""
+    ids = list(present)
+    removed = 0
+    for start in range(0, len(ids), 500):
+        ended = HeavyCall.objects.filter(pk__in=ids[start:start + 500]).exclude(
+            state__in=(State.QUEUED, State.RUNNING)).values_list('pk', 'queue')
+        for call_id, queue in ended:
+            removed += messages.discard(call_id, queue, broker)
+    return removed
