@@ -180,20 +180,22 @@ class HeavyCallView(APIView):
                                    idempotency_key=idempotency_key(request), waits=wait > 0, facts=facts)
         try:
             earlier = submission.replay(heavy)
+            if earlier is not None:
+                return accepted(earlier)
+            with submission.claimed(heavy) as earlier:
+                if earlier is not None:  # a racing request with this Idempotency-Key made the call
+                    return accepted(earlier)
+                admission = self.admission = submission.admit(heavy)
+                if admission.refused:
+                    return Response(refusal_body(admission), status=status.HTTP_429_TOO_MANY_REQUESTS)
+                with submission.holding(admission):
+                    self.check_rate_limits()
+                try:
+                    call = submission.enqueue(heavy, admission)
+                except submission.BrokerUnavailable as ex:
+                    raise errors.ServiceUnavailable(str(ex)) from ex
         except submission.IdempotencyConflict as ex:
             raise errors.Unprocessable(str(ex)) from ex
-        if earlier is not None:
-            return accepted(earlier)
-
-        admission = self.admission = submission.admit(heavy)
-        if admission.refused:
-            return Response(refusal_body(admission), status=status.HTTP_429_TOO_MANY_REQUESTS)
-        with submission.holding(admission):
-            self.check_rate_limits()
-        try:
-            call = submission.enqueue(heavy, admission)
-        except submission.BrokerUnavailable as ex:
-            raise errors.ServiceUnavailable(str(ex)) from ex
         if call.pk != heavy.call_id:  # another request with this Idempotency-Key won the race
             self.admission = None
             return accepted(call)

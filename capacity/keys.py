@@ -90,3 +90,9 @@ def notice_channel(call_id):
     """The pub/sub channel a call's end is announced on (workers.notify). Not under the prefix: call ids
     are unique on their own, and every process agrees."""
     return f'heavy-lanes:done:{call_id}'
+
+
+def claim_key(kind, *parts):
+    """A short-lived claim that one request is doing something for everyone (e.g. kind `idempotency`,
+    parts user id and the key's digest), so racing requests wait for it instead of doing it twice."""
+    return f'{settings.CAPACITY_KEY_PREFIX}:claim:{kind}:' + ':'.join(str(part) for part in parts)

@@ -142,13 +142,13 @@ class LaneStore:
         keys = self.client.scan_iter(match=pattern, count=SCAN_COUNT)
         return sorted({key.decode() if isinstance(key, bytes) else key for key in keys})
 
-    def run_command(self, name, *args):
+    def run_command(self, name, args, kwargs):
         """One plain Redis command (on the Redis thread: called through `call`)."""
-        return getattr(self.client, name)(*args)
+        return getattr(self.client, name)(*args, **kwargs)
 
-    def command(self, name, *args):
-        """Run one plain Redis command within the deadline, e.g. command('hgetall', key)."""
-        return self.call(self.run_command, name, *args)
+    def command(self, name, *args, **kwargs):
+        """Run one plain Redis command within the deadline, e.g. command('set', key, value, nx=True, ex=10)."""
+        return self.call(self.run_command, name, args, kwargs)
 
     # --- operations
 

@@ -73,6 +73,9 @@ def flower_auth_problem(argv, environ, production):
 _problem = flower_auth_problem(sys.argv, os.environ, settings.PRODUCTION)
 if _problem:
     raise SystemExit(_problem)
+if 'flower' in sys.argv:
+    from workers.flower import protect_metrics
+    protect_metrics()
 
 
 # Workers and beat log like every other process (settings.LOGGING: JSON lines with the request id). A

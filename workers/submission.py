@@ -1,19 +1,21 @@
 """The service the heavy-call views call, in the order it runs: prepare, replay, admit, enqueue, wait.
 
     heavy = prepare(user, '$match', body, semantic=True, idempotency_key=key, waits=True, facts=facts)
-    earlier = replay(heavy)             # the same Idempotency-Key and payload: that call, no new lease
-    admission = admit(heavy)            # the gate; never raises
-    if admission.refused: ...           # 429: nothing was taken
-    with holding(admission):            # the view's rate limits: a refusal there gives the leases back
-        ...
-    call = enqueue(heavy, admission)    # the row and its message, in one transaction
-    wait(call, seconds, admission)      # a waiting request, then this host's lane is dropped
+    earlier = replay(heavy)                 # the same Idempotency-Key and payload: that call, no new lease
+    with claimed(heavy) as earlier:         # one request per key at a time; a racing one gets the first's call
+        admission = admit(heavy)            # the gate; never raises
+        if admission.refused: ...           # 429: nothing was taken
+        with holding(admission):            # the view's rate limits: a refusal there gives the leases back
+            ...
+        call = enqueue(heavy, admission)    # the row and its message, in one transaction
+    wait(call, seconds, admission)          # a waiting request, then this host's lane is dropped
 
 Errors that drive the answer carry their data (see each class). A long poll takes a waiting slot through
 the same gate (`waiting_slot`).
 """
 import hashlib
 import json
+import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,12 +24,14 @@ from datetime import timedelta
 from django.db import IntegrityError
 from django.utils import timezone
 
-from capacity import counters, gate
+from capacity import counters, failopen, gate
 from capacity.admission import log_record
 from capacity.caller import NO_FACTS, RequestFacts, get_tier
 from capacity.config import get_config
 from capacity.constants import TIERS
+from capacity.keys import claim_key
 from capacity.logs import emit
+from capacity.store import get_store
 from common.database import DATABASE_DOWN
 from workers import lanes, lifecycle
 from workers.models import HeavyCall
@@ -103,6 +107,55 @@ def replay(heavy):
     if call is not None and call.fingerprint != heavy.digest:
         raise IdempotencyConflict(heavy.idempotency_key)
     return call
+
+
+CLAIM_SECONDS = 10      # a claim outlives a stuck request by at most this much
+CLAIM_WAIT_SECONDS = 5  # how long a racing request waits for the claimant's call
+
+
+@contextmanager
+def claimed(heavy):
+    """Hold this user's Idempotency-Key while the call is admitted and recorded.
+
+    Two racing requests with one key used to both pass the gate and the rate limit before the row's
+    unique constraint picked one: the loser took a gate decision and rate-limit allowance for nothing. The
+    first claims the key in Redis (SET NX); a second waits up to CLAIM_WAIT_SECONDS for the first one's
+    row and is answered with it (`replay`), or claims the key itself when the first gave up without a
+    call (refused, 503). Without Redis the constraint alone still gives both one call.
+    Yields the earlier call when this request is to be answered with it, else None.
+    """
+    if not heavy.idempotency_key:
+        yield None
+        return
+    store = get_store()
+    key = claim_key('idempotency', heavy.user.pk, hashlib.sha256(heavy.idempotency_key.encode()).hexdigest())
+    deadline = time.monotonic() + CLAIM_WAIT_SECONDS
+    held = False
+    try:
+        while True:
+            if store.is_available():
+                try:
+                    held = bool(store.command('set', key, heavy.call_id, nx=True, ex=CLAIM_SECONDS))
+                except Exception as ex:  # noqa: BLE001 - fail open: the unique constraint decides
+                    failopen.record(None, ex, 'idempotency claim', store)
+                    held = None
+            else:
+                held = None
+            if held is not False:
+                # The key may have been claimed and released by a request that made the call meanwhile.
+                yield replay(heavy) if held else None
+                return
+            earlier = replay(heavy)
+            if earlier is not None or time.monotonic() >= deadline:
+                yield earlier
+                return
+            time.sleep(0.02)
+    finally:
+        if held:
+            try:
+                store.command('delete', key)
+            except Exception as ex:  # noqa: BLE001 - it expires in CLAIM_SECONDS
+                failopen.record(None, ex, 'idempotency claim release', store)
 
 
 def admit(heavy):

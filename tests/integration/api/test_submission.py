@@ -24,6 +24,12 @@ def match(client, source, rows=ROWS, query='semantic=true', **headers):
                        **headers)
 
 
+def rate_limit_history(user):
+    """The request times the heavy rate limit remembers for `user` (DRF's scoped throttle history)."""
+    from django.core.cache import cache
+    return cache.get(f'throttle_heavy_{user.pk}', [])
+
+
 def user_leases(redis_client, user):
     return redis_client.zcard(lane_key(Lane.USER, user.pk))
 
@@ -79,6 +85,9 @@ def test_racing_requests_with_one_idempotency_key_get_one_call(
     assert user_leases(lanes_redis, user) == 1
     from workers.status import depth
     assert depth('es2_knn') == 1
+    # Only the request that made the call was gated and rate-limited; the others were answered with it.
+    assert sum('X-OCL-Capacity-Decision' in response for response in answers) == 1
+    assert len(rate_limit_history(user)) == 1
 
 
 def test_an_unreachable_broker_is_a_503_that_leaves_nothing_behind(

@@ -132,6 +132,9 @@ def check_serving(launch):
     flower = f'http://127.0.0.1:{launch.flower_port}/api/workers'
     assert get(flower)[0] == 401
     assert get(flower, {'Authorization': f'Basic {basic}'})[0] == 200
+    metrics = f'http://127.0.0.1:{launch.flower_port}/metrics'  # Flower serves it without auth on its own
+    assert get(metrics)[0] == 401
+    assert get(metrics, {'Authorization': f'Basic {basic}'})[0] == 200
     return tokens
 
 
