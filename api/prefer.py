@@ -1,20 +1,43 @@
-"""The `Prefer` request header (RFC 7240): respond-async, or wait=N seconds for the result."""
+"""The `Prefer` request header (RFC 7240): `respond-async` (answer with a handle) or `wait=N` (seconds).
+
+Without `respond-async` a heavy call waits in the request for its result, up to `wait=N` or the configured
+default wait, capped by `wait.max_seconds`. Preferences the server doesn't know are ignored, as the RFC
+asks; a malformed `wait` is ignored too (the default applies).
+"""
+from dataclasses import dataclass
+
+MAX_HEADER_CHARS = 1000
 
 
-def wait_seconds(header, default, maximum, capacity_aware=False):
-    """Seconds to wait in the request for the result: 0 for respond-async or capacity-aware clients."""
-    if capacity_aware:
-        return 0
-    wait = None
-    for preference in (header or '').split(','):
-        token = preference.strip().lower()
-        if token == 'respond-async':
+@dataclass(frozen=True)
+class Preferences:
+    respond_async: bool = False
+    wait: int | None = None  # the seconds asked for with wait=N
+
+    def seconds(self, default, maximum):
+        """How long to wait in the request: 0 for respond-async, else wait=N or `default`, at most `maximum`."""
+        if self.respond_async:
             return 0
-        if token.startswith('wait='):
-            try:
-                wait = int(token.split('=', 1)[1].strip())
-            except ValueError:
-                continue
-    if wait is None:
-        wait = default
-    return max(0, min(wait, maximum))
+        return max(0, min(self.wait if self.wait is not None else default, maximum))
+
+    def applied(self, waited):
+        """The Preference-Applied value for an answer that waited `waited` seconds (or answered a handle)."""
+        if self.respond_async:
+            return 'respond-async'
+        if self.wait is not None and waited:
+            return f'wait={waited}'
+        return None
+
+
+def parse(header):
+    """Preferences of one or more comma-joined Prefer values; never raises."""
+    respond_async, wait = False, None
+    for preference in (header or '')[:MAX_HEADER_CHARS].split(','):
+        token = preference.split(';', 1)[0].strip().lower()  # parameters after ';' are for others
+        if token == 'respond-async':
+            respond_async = True
+        elif token.startswith('wait='):
+            value = token.split('=', 1)[1].strip().strip('"')
+            if value.isascii() and value.isdecimal() and len(value) <= 9:
+                wait = int(value)
+    return Preferences(respond_async, wait)

@@ -176,6 +176,13 @@ CAPACITY_REDIS_DEADLINE_SECONDS = env_float('CAPACITY_REDIS_DEADLINE_SECONDS', 1
 CAPACITY_TASK_ID = os.environ.get('CAPACITY_TASK_ID', '') or socket.gethostname()
 CAPACITY_KEY_PREFIX = os.environ.get('CAPACITY_KEY_PREFIX', 'ocl:capacity')
 
+# --- The API's serving model: gunicorn's gthread workers, API_THREADS threads per process (docs/architecture.md,
+# "Waiting"). A request waiting for a call's result holds a thread, not a process; at most
+# API_WAITING_PER_PROCESS of a process's threads wait at once, so the rest always serve other requests. The
+# host-wide bound is the config's api_heavy.per_task (its default, 64, is 2 processes x 32).
+API_THREADS = env_int('API_THREADS', 40)
+API_WAITING_PER_PROCESS = env_int('API_WAITING_PER_PROCESS', max(API_THREADS - 8, 1))
+
 # Matching (concepts/): the embedder for semantic $match, the reranker, and how many loaded indexes a
 # process keeps. `sentence-transformers` for either needs requirements/ml.txt.
 CONCEPTS_EMBEDDER = os.environ.get('CONCEPTS_EMBEDDER', 'tfidf-svd')
@@ -189,15 +196,24 @@ METRICS_TOKEN = os.environ.get('METRICS_TOKEN', '')
 
 CORS_ALLOW_ALL_ORIGINS = env_bool('CORS_ALLOW_ALL_ORIGINS', default=not PRODUCTION)
 CORS_ALLOWED_ORIGINS = env_list('CORS_ALLOWED_ORIGINS')
-CORS_EXPOSE_HEADERS = [
-    'Retry-After', 'Location', 'X-Request-Id',
+# What a browser client may send and read (docs/api.md, "CORS"). Each is a comma-separated list in the
+# environment that replaces the default below. The default allows every request header OCL's clients send
+# (the OCL Mapper sends INCLUDESEARCHLATEST and X-OCL-CLIENT on every call; a preflight that refuses one
+# fails the call) and exposes the capacity, rate-limit and handle headers a client acts on.
+CORS_DEFAULT_ALLOW_HEADERS = [
+    'accept', 'authorization', 'content-type', 'user-agent', 'x-csrftoken', 'x-requested-with',  # the library's
+    'idempotency-key', 'prefer', 'x-request-id', 'x-ocl-event-metadata', 'x-ocl-request-source', 'x-ocl-client',
+    'includefacets', 'includesearchstats', 'includesearchlatest', 'x-ocl-request-idempotency-key',
+    'x-ocl-prompt-template-key', 'x-ocl-prompt-template-version',
+]
+CORS_DEFAULT_EXPOSE_HEADERS = [
+    'Retry-After', 'Location', 'Content-Location', 'Preference-Applied', 'X-Request-Id', 'num_returned',
     'X-OCL-Capacity-Decision', 'X-OCL-Capacity-Limit', 'X-OCL-Capacity-In-Flight', 'X-OCL-Capacity-Tier',
     'X-OCL-Capacity-Tier-Limit', 'X-OCL-Capacity-Tier-In-Flight', 'X-OCL-Capacity-Suggested-Concurrency',
+    'RateLimit', 'RateLimit-Policy',
 ]
-CORS_ALLOW_HEADERS = [
-    'accept', 'authorization', 'content-type', 'origin', 'user-agent', 'x-csrftoken', 'x-requested-with',
-    'idempotency-key', 'prefer', 'x-ocl-event-metadata', 'x-ocl-request-source', 'x-request-id',
-]
+CORS_ALLOW_HEADERS = env_list('CORS_ALLOW_HEADERS') or CORS_DEFAULT_ALLOW_HEADERS
+CORS_EXPOSE_HEADERS = env_list('CORS_EXPOSE_HEADERS') or CORS_DEFAULT_EXPOSE_HEADERS
 
 # One JSON object a line on stderr for every logger, with the request id (common.jsonlog); Celery workers and
 # beat use the same dict (workers.celery), gunicorn its JSON logger class (api.gunicorn_logging).

@@ -174,17 +174,17 @@ class HeavyCallView(APIView):
     def submit(self, request, body, semantic, reranker):
         config = get_config()
         facts = RequestFacts.from_meta(request.META)
-        wait = prefer.wait_seconds(request.headers.get('Prefer'), config['wait']['default_seconds'],
-                                   config['wait']['max_seconds'], capacity_aware=facts.aware)
+        preferences = prefer.parse(request.headers.get('Prefer'))
+        wait = preferences.seconds(config['wait']['default_seconds'], config['wait']['max_seconds'])
         heavy = submission.prepare(request.user, self.endpoint, body, semantic=semantic, reranker=reranker,
                                    idempotency_key=idempotency_key(request), waits=wait > 0, facts=facts)
         try:
             earlier = submission.replay(heavy)
             if earlier is not None:
-                return accepted(earlier)
+                return self.answer(earlier, wait, preferences, facts)
             with submission.claimed(heavy) as earlier:
                 if earlier is not None:  # a racing request with this Idempotency-Key made the call
-                    return accepted(earlier)
+                    return self.answer(earlier, wait, preferences, facts)
                 admission = self.admission = submission.admit(heavy)
                 if admission.refused:
                     return Response(refusal_body(admission), status=status.HTTP_429_TOO_MANY_REQUESTS)
@@ -198,10 +198,32 @@ class HeavyCallView(APIView):
             raise errors.Unprocessable(str(ex)) from ex
         if call.pk != heavy.call_id:  # another request with this Idempotency-Key won the race
             self.admission = None
-            return accepted(call)
-        if wait and submission.wait(call, wait, admission):
-            return task_response(call)
-        return accepted(call)
+        return self.answer(call, wait, preferences, facts)
+
+    def answer(self, call, wait, preferences, facts):
+        """What the in-request endpoint would have answered, once the call ended within `wait` seconds; a
+        handle (202) for a client that asked for one, when the wait ran out, or when this host can't hold
+        another waiting request."""
+        waited = 0
+        if wait and not call.finished:
+            with submission.waiting_slot(self.request.user, wait, facts) as allowed:
+                if allowed:
+                    lifecycle.wait(call, wait)
+                    waited = wait
+        if call.finished and not preferences.respond_async:
+            code, body = lifecycle.answer(call)
+            response = Response(body, status=code, headers={'Content-Location': task_url(call.pk)})
+            applied = preferences.applied(waited or wait)
+            if applied:
+                response['Preference-Applied'] = applied
+            if code == status.HTTP_503_SERVICE_UNAVAILABLE:
+                response['Retry-After'] = str(errors.SERVICE_RETRY_SECONDS)
+            return response
+        response = accepted(call)
+        applied = preferences.applied(0)
+        if applied:
+            response['Preference-Applied'] = applied
+        return response
 
     def finalize_response(self, request, response, *args, **kwargs):
         response = super().finalize_response(request, response, *args, **kwargs)

@@ -7,7 +7,8 @@ What it starts, each child the leader of its own process group (logs in bench/ou
 1. its own `redis-server` on a free loopback port, no persistence: the lanes, the broker and the cache;
 2. its own PostgreSQL database (`heavy_lanes_bench` on 127.0.0.1:5432, trust auth, user postgres), dropped
    and created anew, then `migrate`, `load_terminology <name>`, `create_demo_users` (in a child process);
-3. gunicorn `api.wsgi` with N sync workers on a free port (access log on, as in production), and
+3. gunicorn `api.wsgi` with N gthread workers (api/gunicorn_config.py) on a free port (access log on, as in
+   production), and
 4. one Celery worker per lane queue (`celery -A workers worker -Q <queue> -n <queue>@%h -P prefork -c 1`),
    whose pool the workers' own reconciler then sizes from the capacity config.
 
@@ -143,7 +144,7 @@ class Stack:
             self.stop()
             raise
         self.timings['start_seconds'] = round(time.monotonic() - started, 1)
-        self.say(f'ready in {self.timings["start_seconds"]} s: API {self.url} ({self.api_workers} sync workers), '
+        self.say(f'ready in {self.timings["start_seconds"]} s: API {self.url} ({self.api_workers} gthread workers), '
                  f'Redis {self.redis_url}, database {DB_NAME}, lanes {self.pools()}')
         return self
 
@@ -331,10 +332,9 @@ class Stack:
 
     def _start_api(self):
         self._start(Child('api', [
-            sys.executable, '-m', 'gunicorn', 'api.wsgi:application', '--bind', f'127.0.0.1:{self.port}',
-            '--workers', str(self.api_workers), '--worker-class', 'sync', '--timeout', '150',
-            '--graceful-timeout', '5', '--backlog', '2048', '--access-logfile', str(self.logs / 'access.log'),
-            '--error-logfile', '-', '--log-level', 'warning',
+            sys.executable, '-m', 'gunicorn', '-c', 'python:api.gunicorn_config', 'api.wsgi:application',
+            '--bind', f'127.0.0.1:{self.port}', '--workers', str(self.api_workers), '--graceful-timeout', '5',
+            '--access-logfile', str(self.logs / 'access.log'), '--log-level', 'warning',
         ], self.logs / 'api.log', ready=lambda: http_get(f'{self.url}/healthz')[0] == 200))
 
     def _start_workers(self):

@@ -68,7 +68,7 @@ DEFAULTS = {
     'enforce_for': AWARE,
     'api_heavy': {
         'cluster': 4,   # across all API hosts
-        'per_task': 2,  # on each API host, for calls that wait in the request
+        'per_task': 64,  # requests waiting for a result on each API host: what the host holds (2 x 32 threads)
     },
     'es2_knn': 3,             # semantic $match calls
     'reserve_single_row': 1,  # slots only single-row $match calls may use, in every lane they take
@@ -89,11 +89,11 @@ DEFAULTS = {
         'max_waiting': {INTERACTIVE_QUEUE: 0, ES2_KNN_QUEUE: 0, API_HEAVY_QUEUE: 0},  # enforce: room to wait
     },
     'wait': {
-        'default_seconds': 0,  # Prefer: wait when the client sends no Prefer
-        'max_seconds': 30,     # cap on Prefer: wait=N
+        'default_seconds': 600,  # how long a request without Prefer: respond-async waits for its result
+        'max_seconds': 900,      # cap on Prefer: wait=N
     },
 }
 CHOICES = {'mode': MODES, 'enforce_for': ENFORCE_FOR}
 MAX_NUMBER = 100000
-WAIT_CAP_SECONDS = 120  # wait.max_seconds can't go above this: a waiting call holds an API worker
+WAIT_CAP_SECONDS = 3600  # wait.max_seconds can't go above this (a proxy's read timeout must exceed it)
 ADVISORY_LOCK_ID = 275275

@@ -22,7 +22,7 @@ class Call:
     user_id: object
     semantic: bool = False
     reranker: bool = False
-    waits: bool = False  # holds an API worker while it waits for its result (Prefer: wait)
+    waits: bool = False  # its request waits for the result (it takes a waiting slot of its own: wait_slot)
     host: str = ''       # the API host, for the api_heavy_task lane
     queue: str = ''      # the Celery queue it will run on ('' when it runs nowhere, e.g. tests)
     draws_on: Lane | None = None  # the lane whose limit sizes that queue's pool (its waiting room's lane)
@@ -74,8 +74,6 @@ def lanes_for(config, call, enforced=False):
     if call.wait_slot:
         return [LaneLimit(Lane.API_HEAVY_TASK, (call.host,), lane_limit(config, Lane.API_HEAVY_TASK))]
     lanes = [LaneLimit(Lane.API_HEAVY, (), call_limit(config, Lane.API_HEAVY, call))]
-    if call.waits:
-        lanes.append(LaneLimit(Lane.API_HEAVY_TASK, (call.host,), call_limit(config, Lane.API_HEAVY_TASK, call)))
     if call.semantic:
         lanes.append(LaneLimit(Lane.ES2_KNN, (), call_limit(config, Lane.ES2_KNN, call)))
     lanes.append(LaneLimit(Lane.TIER, (call.tier,), config['tiers'][call.tier]))

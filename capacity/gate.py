@@ -11,8 +11,9 @@ the call goes ahead uncounted (capacity.failopen). Client input reaches it alrea
 (capacity.caller.RequestFacts), so nothing a client sends can make it fail. In `off` mode nothing is
 counted: the decision is None, with no headers and no log line.
 
-A request that only waits for another call (a long poll) is admitted the same way, with `wait_slot=True`:
-it takes a slot in this API host's lane alone, never forced, so the host's cap holds in every mode.
+A request that waits for a call's result (a waiting POST, a long poll) is admitted the same way, with
+`wait_slot=True`: it takes a slot in this API host's lane alone, never forced, so the host's cap holds in
+shadow mode too.
 """
 import dataclasses
 import uuid
@@ -104,9 +105,3 @@ def release(admission, store=None):
     lease.release()
     return lease.error
 
-
-def release_host_lane(admission, store=None):
-    """Stop holding this API host's lane: the request no longer waits for the result."""
-    key = admission.host_key
-    if key is not None:
-        admission.lease(store).release([key])

@@ -12,15 +12,12 @@ from workers.lanes import MAINTENANCE_QUEUE, QUEUE_NAMES  # the queue table: pur
 
 
 def api(port, logs):
-    """gunicorn api.wsgi on 127.0.0.1:`port`, WEB_CONCURRENCY sync workers (default 3)."""
-    workers = os.environ.get('WEB_CONCURRENCY') or '3'
+    """gunicorn api.wsgi on 127.0.0.1:`port` with the API's gunicorn settings (api/gunicorn_config.py:
+    API_WORKERS gthread processes of API_THREADS threads; a request waiting for a result holds a thread)."""
     url = f'http://127.0.0.1:{port}'
-    # A call with `Prefer: wait=N` holds a sync worker up to wait.max_seconds (at most 120 s).
     return Child('api', [
-        sys.executable, '-m', 'gunicorn', 'api.wsgi:application', '--bind', f'127.0.0.1:{port}',
-        '--workers', workers, '--worker-class', 'sync', '--timeout', '150', '--graceful-timeout', '5',
-        '--access-logfile', '-', '--error-logfile', '-', '--log-level', 'info',
-        '--logger-class', 'api.gunicorn_logging.JsonLogger',
+        sys.executable, '-m', 'gunicorn', '-c', 'python:api.gunicorn_config', 'api.wsgi:application',
+        '--bind', f'127.0.0.1:{port}', '--graceful-timeout', '5',
     ], logs / 'api.log', ready=lambda: http_get(f'{url}/healthz')[0] == 200)
 
 

@@ -27,6 +27,7 @@ import threading
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import connection
+from rest_framework.exceptions import ValidationError
 
 from capacity import failopen
 from capacity.config import get_config
@@ -134,10 +135,13 @@ def run_loaded(call, perform, node, soft_limit):
 
 
 def describe(ex, soft_limit):
-    """The error a client reads for a call that raised `ex`."""
+    """The Failure of a call that raised `ex`: a bad body is the in-request endpoint's 400 naming the field,
+    a time limit a 504, anything else a 500."""
     if isinstance(ex, SoftTimeLimitExceeded):
-        return lifecycle.SOFT_LIMIT.format(seconds=soft_limit)
-    return f'{type(ex).__name__}: {ex}'
+        return lifecycle.Failure.time_limit(lifecycle.SOFT_LIMIT.format(seconds=soft_limit))
+    if isinstance(ex, ValidationError):
+        return lifecycle.Failure.invalid(ex.detail)
+    return lifecycle.Failure.internal(f'{type(ex).__name__}: {ex}')
 
 
 def start_heartbeat(call, worker, lease, config, running):

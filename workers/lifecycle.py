@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from celery import states
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -198,17 +198,44 @@ def succeed(call, result, worker=None):
     return True
 
 
-def fail(call, error, worker=None):
-    """Record that a running call failed with `error` (a message) and give its usage back; False when it is
-    no longer running on `worker`. The caller releases the leases, then calls `ended`."""
+@dataclass(frozen=True)
+class Failure:
+    """Why a call failed: the message a poll shows, and what the in-request endpoint would have answered."""
+
+    message: str
+    status: int = 500
+    body: dict | None = None
+
+    @classmethod
+    def internal(cls, message):
+        return cls(message, 500, {'detail': f'The call failed: {message}'[:ERROR_LENGTH], 'error_code': 'call_failed'})
+
+    @classmethod
+    def invalid(cls, detail):
+        """A bad body found by the worker (the view's checks passed, the source went away...): a 400."""
+        detail = json.loads(json.dumps(detail, default=str))  # DRF's ErrorDetail strings as plain JSON
+        return cls(f'Invalid request: {json.dumps(detail)}', 400, {'detail': detail, 'error_code': 'invalid'})
+
+    @classmethod
+    def time_limit(cls, message):
+        return cls(message, 504, {'detail': message, 'error_code': 'time_limit'})
+
+
+def fail(call, failure, worker=None):
+    """Record that a running call failed (a Failure, or a message) and give its usage back; False when it
+    is no longer running on `worker`. The caller releases the leases, then calls `ended`."""
+    if not isinstance(failure, Failure):
+        failure = Failure.internal(str(failure))
     finished_at = timezone.now()
-    error = str(error)[:ERROR_LENGTH]
+    error = failure.message[:ERROR_LENGTH]
     running = HeavyCall.objects.filter(pk=call.pk, state=State.RUNNING)
     if worker is not None:
         running = running.filter(worker=worker)
-    if not running.update(state=State.FAILED, finished_at=finished_at, error=error, refunded_at=finished_at):
+    if not running.update(state=State.FAILED, finished_at=finished_at, error=error, refunded_at=finished_at,
+                          error_status=failure.status, error_body=failure.body):
         return False
     call.state, call.finished_at, call.error, call.refunded_at = State.FAILED, finished_at, error, finished_at
+    call.error_status, call.error_body = failure.status, failure.body
     return True
 
 
@@ -219,7 +246,7 @@ def time_out(call_id, seconds, node):
     call = HeavyCall.objects.filter(pk=call_id).first()
     if call is None or call.state != State.RUNNING or not call.worker.startswith(f'{node} pid '):
         return False
-    if not fail(call, HARD_LIMIT.format(seconds=seconds), worker=call.worker):
+    if not fail(call, Failure.time_limit(HARD_LIMIT.format(seconds=seconds)), worker=call.worker):
         return False
     lease = admission_of(call).lease()
     lease.release()
@@ -412,6 +439,18 @@ def error_of(call):
     return call.error or {State.CANCELLED: CANCELLED, State.EXPIRED: EXPIRED}.get(call.state, FAILED)
 
 
+def answer(call):
+    """(status, body) the in-request endpoint would have given for a call that ended: 200 with its result;
+    a failure's own status and body; 503 for a call that expired unrun, 409 for one that was cancelled."""
+    if call.state == State.SUCCEEDED:
+        return 200, result(call)
+    if call.state == State.FAILED:
+        return call.error_status or 500, call.error_body or {'detail': error_of(call), 'error_code': 'call_failed'}
+    if call.state == State.EXPIRED:
+        return 503, {'detail': EXPIRED, 'error_code': 'expired'}
+    return 409, {'detail': CANCELLED, 'error_code': 'cancelled'}
+
+
 def position(call):
     """1-based place of a queued call among the queued calls of its queue (priority, then age)."""
     if call.state != State.QUEUED:
@@ -421,11 +460,29 @@ def position(call):
     return ahead + 1
 
 
+# What a waiting request reads again: enough to answer as the task or as the in-request endpoint would.
+WAIT_FIELDS = ['state', 'started_at', 'finished_at', 'error', 'error_status', 'error_body']
+
+
+HOLD_CONNECTION_SECONDS = 1.0
+
+
 def wait(call, seconds):
-    """Wait up to `seconds` for `call` to end; keeps `call`'s state and timings fresh; True when it ended."""
+    """Wait up to `seconds` for `call` to end; keeps `call`'s state and timings fresh; True when it ended.
+
+    A request that waits longer than HOLD_CONNECTION_SECONDS gives its database connection back between
+    looks (Django opens a new one for the next): a host holds dozens of waiting requests, and PostgreSQL
+    would otherwise keep a connection open for each of them.
+    """
+    started = time.monotonic()
+
     def finished():
-        call.refresh_from_db(fields=['state', 'started_at', 'finished_at', 'error'])
-        return call.state in FINAL_STATES
+        call.refresh_from_db(fields=WAIT_FIELDS)
+        if call.state in FINAL_STATES:
+            return True
+        if time.monotonic() - started >= HOLD_CONNECTION_SECONDS and not connection.in_atomic_block:
+            connection.close()
+        return False
     return notify.wait_for(call.pk, finished, seconds)
 
 

@@ -44,6 +44,10 @@ class HeavyCall(models.Model):
     # What admission decided and which lanes the worker must renew and release (capacity.admission).
     admission = models.JSONField(default=dict)
     error = models.TextField(blank=True, default='')
+    # What the in-request endpoint would have answered for this failure: its status and JSON body (a bad row
+    # found by the worker is a 400 naming it). A waiting request answers with these.
+    error_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    error_body = models.JSONField(null=True, blank=True)
     attempts = models.PositiveSmallIntegerField(default=0)  # deliveries that started the work
     worker = models.CharField(max_length=255, blank=True, default='')  # '<node> pid <pid>' of the last run
     heartbeat_at = models.DateTimeField(null=True, blank=True)  # the running worker was alive then

@@ -1,9 +1,20 @@
-"""Tell a waiting API request that a call finished, through Redis pub/sub on the lanes' Redis.
+"""Tell waiting API requests that a call ended, through Redis pub/sub, with one subscriber per process.
 
-A waiter subscribes first, then reads the call's row, then waits for the message, so a call that finishes
-between the two is never missed. A lost message only costs the waiter its timeout: the row is the truth.
+The worker publishes on the call's channel (capacity.keys.notice_channel) when it records the end. In an
+API process one daemon thread (the hub) holds one pub/sub connection pattern-subscribed to every call's
+channel, and wakes the requests that wait on that call: a waiting request costs a thread and an Event,
+not a Redis connection, so a host can hold many of them (docs/architecture.md, "Waiting").
+
+A waiter registers its Event first, then reads the call's row, then waits: a call that ends between the two
+is never missed. The row is the truth and the notice only a wake-up: a waiter also looks at the row every
+POLL_SECONDS while the hub is connected (a notice lost in a reconnect costs at most that), and every
+FALLBACK_POLL_SECONDS while it isn't. The hub pings Redis every PING_SECONDS and reconnects when nothing came
+back for STALE_SECONDS, so a connection left half-open by a Redis failover doesn't go deaf for good.
+
+Written by hand because redis-py's pub/sub gives one connection per subscriber and no fan-out to many
+waiting threads.
 """
-import os
+import logging
 import threading
 import time
 
@@ -11,6 +22,14 @@ import redis
 
 from capacity.keys import notice_channel as channel
 from common import connections
+from common.process import PerProcess
+
+logger = logging.getLogger('heavy_lanes')
+POLL_SECONDS = 2.0
+FALLBACK_POLL_SECONDS = 0.25
+PING_SECONDS = 10.0
+STALE_SECONDS = 30.0
+RECONNECT_SECONDS = 1.0
 
 
 def get_client():
@@ -18,50 +37,105 @@ def get_client():
 
 
 def publish(call_id, state):
-    """Announce that a call reached `state`; never raises (the waiter falls back to its timeout)."""
+    """Announce that a call reached `state`; never raises (the waiter falls back to reading the row)."""
     try:
         get_client().publish(channel(call_id), str(state))
     except redis.RedisError:
         pass
 
 
-_local = threading.local()  # this thread's subscriber connection, kept between waits
+class Hub:
+    """This process's one subscriber, and the requests waiting on each call."""
 
+    def __init__(self):
+        self.waiters = {}  # call id -> set of threading.Event
+        self.lock = threading.Lock()
+        self.connected = threading.Event()
+        self.thread = None
+        self.prefix = channel('')
 
-def subscriber():
-    """This thread's PubSub: a new connection costs more than the wait's own commands (bench/roundtrip)."""
-    pubsub = getattr(_local, 'pubsub', None)
-    if pubsub is None or _local.pid != os.getpid():
-        # One made before a fork belongs to the parent: dropped, never closed (that would write to its socket).
-        pubsub = _local.pubsub = get_client().pubsub(ignore_subscribe_messages=True)
-        _local.pid = os.getpid()
-    return pubsub
+    def watch(self, call_id):
+        """An Event that is set when `call_id`'s notice comes; give it back with `unwatch`."""
+        event = threading.Event()
+        with self.lock:
+            self.waiters.setdefault(call_id, set()).add(event)
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self.run, name='heavy-lanes-notices', daemon=True)
+                self.thread.start()
+        return event
 
+    def unwatch(self, call_id, event):
+        with self.lock:
+            events = self.waiters.get(call_id)
+            if events is not None:
+                events.discard(event)
+                if not events:
+                    del self.waiters[call_id]
 
-def forget_subscriber():
-    pubsub, _local.pubsub = getattr(_local, 'pubsub', None), None
-    if pubsub is not None:
+    def waiting(self):
+        with self.lock:
+            return sum(len(events) for events in self.waiters.values())
+
+    def wake(self, call_id):
+        with self.lock:
+            events = list(self.waiters.get(call_id, ()))
+        for event in events:
+            event.set()
+
+    def run(self):
+        while True:
+            try:
+                self.listen()
+            except (redis.RedisError, OSError) as ex:
+                logger.warning('Completion notices lost their Redis connection (%s: %s); waiting requests read '
+                               'their calls every %s s until it is back', type(ex).__name__, ex,
+                               FALLBACK_POLL_SECONDS)
+            self.connected.clear()
+            time.sleep(RECONNECT_SECONDS)
+
+    def listen(self):
+        pubsub = get_client().pubsub(ignore_subscribe_messages=False)
         try:
-            pubsub.close()
-        except redis.RedisError:
-            pass
+            pubsub.psubscribe(self.prefix + '*')
+            heard = pinged = time.monotonic()
+            while True:
+                message = pubsub.get_message(timeout=1.0)
+                now = time.monotonic()
+                if message is not None:
+                    heard = now
+                    kind = message.get('type')
+                    if kind == 'psubscribe':
+                        self.connected.set()
+                    elif kind == 'pmessage':
+                        name = message['channel']
+                        name = name.decode() if isinstance(name, bytes) else name
+                        self.wake(name[len(self.prefix):])
+                if now - pinged >= PING_SECONDS:
+                    pubsub.ping()
+                    pinged = now
+                if now - heard >= STALE_SECONDS:
+                    raise redis.ConnectionError(f'no answer on the notice connection for {STALE_SECONDS} s')
+        finally:
+            try:
+                pubsub.close()
+            except redis.RedisError:
+                pass
+
+
+_hubs = PerProcess(Hub)
+
+
+def get_hub():
+    return _hubs.get()
 
 
 def wait_for(call_id, is_finished, timeout):
-    """Wait up to `timeout` s until `is_finished()` is true; return its last value.
-
-    A message left over from an earlier wait of this thread only makes the loop look at the row once more.
-    """
+    """Wait up to `timeout` s until `is_finished()` is true; return its last value."""
     if timeout <= 0:
         return is_finished()
     deadline = time.monotonic() + timeout
-    name = channel(call_id)
-    try:
-        pubsub = subscriber()
-        pubsub.subscribe(name)
-    except redis.RedisError:
-        forget_subscriber()
-        pubsub = None
+    hub = get_hub()
+    event = hub.watch(call_id)
     try:
         while True:
             if is_finished():
@@ -69,17 +143,7 @@ def wait_for(call_id, is_finished, timeout):
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            if pubsub is None:
-                time.sleep(min(left, 0.05))
-                continue
-            try:
-                pubsub.get_message(timeout=min(left, 1.0))
-            except redis.RedisError:
-                forget_subscriber()
-                pubsub = None
+            event.wait(min(left, POLL_SECONDS if hub.connected.is_set() else FALLBACK_POLL_SECONDS))
+            event.clear()
     finally:
-        if pubsub is not None:
-            try:
-                pubsub.unsubscribe(name)
-            except redis.RedisError:
-                forget_subscriber()
+        hub.unwatch(call_id, event)

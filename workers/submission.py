@@ -8,19 +8,22 @@
         with holding(admission):            # the view's rate limits: a refusal there gives the leases back
             ...
         call = enqueue(heavy, admission)    # the row and its message, in one transaction
-    wait(call, seconds, admission)          # a waiting request, then this host's lane is dropped
+    with waiting_slot(user, seconds) as allowed:  # a request that waits for the result, if this host can hold it
+        ...
 
 Errors that drive the answer carry their data (see each class). A long poll takes a waiting slot through
 the same gate (`waiting_slot`).
 """
 import hashlib
 import json
+import threading
 import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import IntegrityError
 from django.utils import timezone
 
@@ -33,6 +36,7 @@ from capacity.keys import claim_key
 from capacity.logs import emit
 from capacity.store import get_store
 from common.database import DATABASE_DOWN
+from common.process import PerProcess
 from workers import lanes, lifecycle
 from workers.models import HeavyCall
 
@@ -219,26 +223,30 @@ def end_in_api(admission, heavy, state, error=None):
         emit({**record, 'queue': heavy.queue.name, 'state': state, **({'error': error} if error else {})})
 
 
-def wait(call, seconds, admission=None):
-    """Wait up to `seconds` for `call` to finish, then stop holding this API host's lane."""
-    try:
-        return lifecycle.wait(call, seconds)
-    finally:
-        if admission is not None:
-            gate.release_host_lane(admission)
-
-
 @contextmanager
 def waiting_slot(user, seconds, facts=NO_FACTS):
-    """Yield whether this request may hold its API worker for `seconds` (a long poll).
+    """Yield whether this request may wait `seconds` for a call's result (a waiting POST, a long poll).
 
-    A request that waits holds one of the host's API workers, so it takes a slot in this host's
-    api_heavy_task lane through the gate, like a heavy call that waits: when the lane is full it answers at
-    once instead of waiting; when the limiter is off or can't count, it waits (fail open).
+    A waiting request holds one of its API process's threads. Two bounds keep waiting from taking all of
+    them, in every mode: this process's own (API_WAITING_PER_PROCESS of its API_THREADS, so /healthz and
+    short requests always find a thread), and this host's api_heavy_task lane through the gate, never
+    forced (`api_heavy.per_task`: what the host's processes hold together). When either is full the request
+    doesn't wait: it is answered at once (a handle, or the current state). When the limiter is off or can't
+    count, the process's own bound still holds.
     """
-    admission = gate.admit(user, wait_slot=True, facts=facts,
-                           lease_ms=(seconds + WAIT_SLOT_SLACK_SECONDS) * 1000)
+    local = _waiting.get()
+    if not local.acquire(blocking=False):
+        yield False
+        return
     try:
-        yield not admission.refused
+        admission = gate.admit(user, wait_slot=True, facts=facts,
+                               lease_ms=(seconds + WAIT_SLOT_SLACK_SECONDS) * 1000)
+        try:
+            yield not admission.refused
+        finally:
+            gate.release(admission)
     finally:
-        gate.release(admission)
+        local.release()
+
+
+_waiting = PerProcess(lambda: threading.BoundedSemaphore(max(settings.API_WAITING_PER_PROCESS, 1)))

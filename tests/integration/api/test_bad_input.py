@@ -18,6 +18,8 @@ def record_of(call):
 
 
 def post(client, body, query='semantic=true', **headers):
+    """A polling client's submission (a handle at once): Prefer: respond-async unless the test says."""
+    headers.setdefault('HTTP_PREFER', 'respond-async')
     return client.post(f'/concepts/$match/?{query}', body, format='json', **headers)
 
 

@@ -20,6 +20,8 @@ MANY = {'staff': 50, 'core': 50, 'early_access': 50, 'preview': 50}
 
 
 def match(client, source, rows=ROWS, query='semantic=true', **headers):
+    """A polling client's submission (a handle at once): Prefer: respond-async unless the test says."""
+    headers.setdefault('HTTP_PREFER', 'respond-async')
     return client.post(f'/concepts/$match/?{query}', {'rows': rows, 'target_repo_url': source}, format='json',
                        **headers)
 
@@ -187,11 +189,47 @@ def test_respond_async_and_capacity_aware_clients_never_wait(
 @pytest.mark.slow
 def test_prefer_wait_answers_200_with_the_result_when_it_finishes_in_time(
         in_process_worker, tiny_source, make_user, api_as, lanes_redis):
-    response = match(api_as(make_user()), tiny_source, HTTP_PREFER='wait=20')
+    client = api_as(make_user())
+    response = match(client, tiny_source, HTTP_PREFER='wait=20')
     assert response.status_code == 200, response.content
-    body = response.json()
-    assert body['state'] == 'succeeded' and body['result']['results'][0]['candidates'][0]['name'] == 'Hypertension'
+    assert response['Preference-Applied'] == 'wait=20'
+    # The body the in-request endpoint gives, and where the task is: the same body as its result.
+    task = client.get(response['Content-Location']).json()
+    assert task['state'] == 'succeeded' and task['result'] == response.json()
     assert lanes_redis.zcard(lane_key(Lane.API_HEAVY_TASK, 'test-host')) == 0
+
+
+@pytest.mark.slow
+def test_a_request_without_respond_async_waits_by_default_also_when_capacity_aware(
+        in_process_worker, tiny_source, make_user, api_as, lanes_redis):
+    aware = json.dumps({'capacity_aware': 'true'})
+    client = api_as(make_user())
+    for headers in ({'HTTP_PREFER': ''}, {'HTTP_PREFER': '', 'HTTP_X_OCL_EVENT_METADATA': aware}):
+        response = match(client, tiny_source, **headers)
+        assert response.status_code == 200, response.content
+        assert 'Preference-Applied' not in response and response['Content-Location'].startswith('/tasks/')
+    handle = match(client, tiny_source, HTTP_PREFER='respond-async')
+    assert handle.status_code == 202 and handle['Preference-Applied'] == 'respond-async'
+
+
+@pytest.mark.slow
+def test_a_bad_body_the_worker_finds_is_the_in_request_400_naming_the_field(
+        start_worker, tiny_source, make_user, api_as, lanes_redis, configure):
+    from concepts.models import Source
+    configure(es2_knn=1)  # paused, so the source can go away before the call runs
+    start_worker()
+    client = api_as(make_user())
+    waiting = {}
+    thread = threading.Thread(target=lambda: waiting.setdefault('response', match(client, tiny_source,
+                                                                                HTTP_PREFER='wait=30')))
+    thread.start()
+    wait_until(lambda: HeavyCall.objects.exists(), timeout=10, message='the call to be queued')
+    Source.objects.all().delete()
+    configure(es2_knn=3)
+    thread.join(40)
+    response = waiting['response']
+    assert response.status_code == 400, response.content
+    assert response.json()['error_code'] == 'invalid' and 'target_repo_url' in response.json()['detail']
 
 
 @pytest.mark.slow

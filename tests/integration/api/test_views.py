@@ -27,11 +27,12 @@ def lines():
 
 
 def match(client, source, query='semantic=true', rows=ROWS):
-    return client.post(f'/concepts/$match/?{query}', {'rows': rows, 'target_repo_url': source}, format='json')
+    return client.post(f'/concepts/$match/?{query}', {'rows': rows, 'target_repo_url': source}, format='json',
+                       HTTP_PREFER='respond-async')
 
 
 def rerank(client, body):
-    return client.post('/concepts/$rerank/', body, format='json')
+    return client.post('/concepts/$rerank/', body, format='json', HTTP_PREFER='respond-async')
 
 
 def test_cors_exposes_the_capacity_headers_and_allows_the_metadata_header():

@@ -62,7 +62,7 @@ def test_setting_the_value_in_force_adds_no_version(config_lines):
     (['set', 'es2_knn=--1'], '"es2_knn" must be a whole number from 0 to 100000.'),
     (['set', 'es2_knn=two', 'bogus=1'],
      'Unknown setting "bogus". "es2_knn" must be a whole number from 0 to 100000.'),
-    (['set', 'wait.max_seconds=121'], '"wait.max_seconds" can\'t be more than 120.'),
+    (['set', 'wait.max_seconds=3601'], '"wait.max_seconds" can\'t be more than 3600.'),
     (['set', 'mode=off', '--user', 'nobody'], 'No user "nobody".'),
     (['reset', '--user', 'nobody'], 'No user "nobody".'),
     (['show', 'mode=off'], '"show" takes no <setting>=<value>.'),

@@ -70,7 +70,7 @@ def test_a_failed_log_line_doesnt_fail_a_saved_change(monkeypatch, caplog):
 @pytest.mark.parametrize('changes, message', [
     ({'es2_knn': -1}, '"es2_knn" must be a whole number from 0 to 100000.'),
     ({'bogus': 1}, 'Unknown setting "bogus".'),
-    ({'wait': {'max_seconds': 121}}, '"wait.max_seconds" can\'t be more than 120.'),
+    ({'wait': {'max_seconds': 3601}}, '"wait.max_seconds" can\'t be more than 3600.'),
 ])
 def test_save_config_rejects_an_invalid_change(config_lines, changes, message):
     with pytest.raises(ValidationError) as caught:

@@ -95,7 +95,7 @@ def test_a_change_that_changes_nothing_adds_no_version(staff, config_lines):
 @pytest.mark.parametrize('body, detail', [
     ({'es2_knn': -1}, ['"es2_knn" must be a whole number from 0 to 100000.']),
     ({'bogus': 1, 'tiers': 5}, ['Unknown setting "bogus".', 'tiers must be an object.']),
-    ({'wait': {'default_seconds': 40}}, ['"wait.default_seconds" can\'t be more than "wait.max_seconds".']),
+    ({'wait': {'default_seconds': 901}}, ['"wait.default_seconds" can\'t be more than "wait.max_seconds".']),
     ({'mode': 'off', 'note': 7}, '"note" must be a string.'),
     ([{'mode': 'off'}], 'Send a JSON object.'),
     (None, 'Send a JSON object.'),

@@ -27,13 +27,13 @@ def test_admits_and_counts_a_call_in_every_lane(make_user, gates, lanes):
     user = make_user('early_access')
     gate = gates(user, waits=True)
     assert gate.decision == Decision.ADMITTED and gate.holding
-    assert gate.limits == {Lane.API_HEAVY: 3, Lane.API_HEAVY_TASK: 1, Lane.ES2_KNN: 2, Lane.TIER: 3, Lane.USER: 2}
+    assert gate.limits == {Lane.API_HEAVY: 3, Lane.ES2_KNN: 2, Lane.TIER: 3, Lane.USER: 2}
     assert set(gate.counts.values()) == {1}
     for key in gate.keys:
         assert lanes.zcard(key) == 1
         assert lanes.pttl(key) > 0
     capacity_gate.release(gate)
-    assert [lanes.zcard(key) for key in gate.keys] == [0] * 5
+    assert [lanes.zcard(key) for key in gate.keys] == [0] * 4
     capacity_gate.release(gate)  # a second release is harmless
 
 
@@ -104,18 +104,18 @@ def test_the_reserve_holds_in_the_es2_knn_lane_too(make_user, gates, configure):
     assert single.decision == Decision.ADMITTED and single.limits[Lane.ES2_KNN] == 2
 
 
-def test_each_api_host_has_its_own_lane_for_calls_that_wait(make_user, gates, configure, settings):
-    configure(mode='enforce', enforce_for='all', api_heavy={'cluster': 4, 'per_task': 2},
-              per_user={'staff': 9, 'core': 9, 'early_access': 9, 'preview': 9})
+@pytest.mark.parametrize('mode', ['shadow', 'enforce'])
+def test_each_api_host_has_its_own_waiting_slots_and_they_are_never_forced(
+        mode, make_user, gates, configure, settings):
+    configure(mode=mode, enforce_for='all', api_heavy={'cluster': 4, 'per_task': 2})
     user = make_user('core_user')
     settings.CAPACITY_TASK_ID = 'host-a'
-    assert gates(user, semantic=False, reranker=True, waits=True).limits[Lane.API_HEAVY_TASK] == 1
-    assert gates(user, semantic=False, reranker=True, waits=True).scope == Lane.API_HEAVY_TASK
-    assert Lane.API_HEAVY_TASK not in gates(user, semantic=False, reranker=True).limits  # doesn't wait
+    slots = [gates(user, wait_slot=True, lease_ms=60_000) for _ in range(3)]
+    assert [slot.decision for slot in slots] == [Decision.ADMITTED, Decision.ADMITTED, Decision.REFUSED]
+    assert slots[2].limits == {Lane.API_HEAVY_TASK: 2} and not slots[2].holding  # shadow mode too
     settings.CAPACITY_TASK_ID = 'host-b'
-    other = gates(user, semantic=False, reranker=True, waits=True)
-    assert other.decision == Decision.ADMITTED, (other.full, other.counts, other.limits)
-    assert other.counts[Lane.API_HEAVY] == 3
+    assert gates(user, wait_slot=True, lease_ms=60_000).decision == Decision.ADMITTED
+    assert Lane.API_HEAVY_TASK not in gates(user, semantic=False, reranker=True, waits=True).limits
 
 
 def test_tier_ceilings_leave_other_tiers_alone(make_user, gates, configure):
@@ -292,13 +292,14 @@ def test_status(make_user, gates, settings):
     gates(preview)  # semantic
     settings.CAPACITY_TASK_ID = 'task-a'
     gates(core, semantic=False, reranker=True, waits=True)
+    gates(core, wait_slot=True, lease_ms=60_000)  # its request waits for the result
     status = get_status(get_config())
     status.pop('queues', None)
     assert status == {
         'mode': 'shadow', 'enforce_for': 'aware', 'redis': 'ok',
         'api_heavy': {'in_flight': 2, 'limit': 4, 'bulk_limit': 3},
         'es2_knn': {'in_flight': 1, 'limit': 3, 'bulk_limit': 2},
-        'tasks': {'task-a': {'in_flight': 1, 'limit': 2}},
+        'tasks': {'task-a': {'in_flight': 1, 'limit': 64}},
         'tiers': {'staff': {'in_flight': 0, 'limit': 4}, 'core': {'in_flight': 1, 'limit': 4},
                   'early_access': {'in_flight': 0, 'limit': 3}, 'preview': {'in_flight': 1, 'limit': 2}},
         'users': {str(preview.pk): {'in_flight': 1}, str(core.pk): {'in_flight': 1}},

@@ -37,10 +37,11 @@ class FaultStack:
         """Start one gunicorn (one process, `threads` threads) as API host `host`; return its URL."""
         port = free_port()
         child = Child(f'gunicorn-{host}', [
-            sys.executable, '-m', 'gunicorn', 'api.wsgi', '--bind', f'127.0.0.1:{port}', '--workers', '1',
-            '--worker-class', 'gthread', '--threads', str(threads), '--timeout', '120'],
+            sys.executable, '-m', 'gunicorn', '-c', 'python:api.gunicorn_config', 'api.wsgi',
+            '--bind', f'127.0.0.1:{port}', '--workers', '1', '--threads', str(threads)],
             self.tmp_path / f'gunicorn-{host}.log', cwd=ROOT).start(
-            {**self.env, 'CAPACITY_TASK_ID': host, **{k: str(v) for k, v in env.items()}})
+            {**self.env, 'CAPACITY_TASK_ID': host, 'API_THREADS': str(threads),
+             **{k: str(v) for k, v in env.items()}})
         self.apis.append(child)
         url = f'http://127.0.0.1:{port}'
 

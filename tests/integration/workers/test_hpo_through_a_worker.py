@@ -13,7 +13,7 @@ def test_a_hundred_known_synonyms_come_back_with_their_concepts_first(in_process
     load_terminology(read_hpo())
     pairs = known_synonyms(read_hpo(), 100, seed=11)
     client = api_as(make_user('core_user'))
-    response = client.post('/concepts/$match/?semantic=true', {
+    response = client.post('/concepts/$match/?semantic=true', HTTP_PREFER='respond-async', data={
         'rows': [{'name': synonym, 'id': i} for i, (synonym, _) in enumerate(pairs)],
         'target_repo_url': '/orgs/HPO/sources/HPO/', 'limit': 5}, format='json')
     assert response.status_code == 202 and response.json()['lane'] == 'es2_knn'

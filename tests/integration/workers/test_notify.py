@@ -1,4 +1,5 @@
-"""Completion notices: a thread keeps its subscriber between waits and still hears only what it waits for."""
+"""Completion notices: one subscriber per process wakes every request waiting on a call, and a wait that
+hears nothing still ends when the row says so or at its timeout."""
 import threading
 import time
 import uuid
@@ -16,27 +17,55 @@ def later(seconds, function, *args):
     return timer
 
 
-def test_a_thread_reuses_its_subscriber_and_each_wait_hears_its_own_call():
+def test_a_notice_wakes_the_waiters_of_its_call_only():
     first, second = uuid.uuid4().hex, uuid.uuid4().hex
     done = set()
 
     def finish(call_id):
         done.add(call_id)
         notify.publish(call_id, 'succeeded')
-    try:
-        later(0.2, finish, first)
-        started = time.monotonic()
-        assert notify.wait_for(first, lambda: first in done, 5)
-        assert time.monotonic() - started < 2  # woken by the notice, not by the timeout
-        subscriber = notify.subscriber()
-        # A notice for the first call arriving now must not end the second wait.
-        notify.publish(first, 'succeeded')
-        later(0.3, finish, second)
-        started = time.monotonic()
-        assert notify.wait_for(second, lambda: second in done, 5)
-        assert 0.25 < time.monotonic() - started < 2
-        assert notify.subscriber() is subscriber
-        # A wait that times out says so.
-        assert notify.wait_for(uuid.uuid4().hex, lambda: False, 0.2) is False
-    finally:
-        notify.forget_subscriber()
+    later(0.3, finish, first)
+    started = time.monotonic()
+    assert notify.wait_for(first, lambda: first in done, 5)
+    assert time.monotonic() - started < notify.POLL_SECONDS  # woken by the notice, not by a poll
+    notify.publish(first, 'succeeded')  # a late notice of the first call must not end the second wait
+    later(0.3, finish, second)
+    started = time.monotonic()
+    assert notify.wait_for(second, lambda: second in done, 5)
+    assert 0.25 < time.monotonic() - started < notify.POLL_SECONDS
+    assert notify.wait_for(uuid.uuid4().hex, lambda: False, 0.2) is False  # a wait that times out says so
+    assert notify.get_hub().waiting() == 0
+
+
+def test_many_waiters_share_one_subscriber():
+    calls = [uuid.uuid4().hex for _ in range(50)]
+    done, woken = set(), []
+    before = {thread.name for thread in threading.enumerate()}
+
+    def wait(call_id):
+        if notify.wait_for(call_id, lambda: call_id in done, 10):
+            woken.append(time.monotonic())
+    threads = [threading.Thread(target=wait, args=(call_id,)) for call_id in calls]
+    for thread in threads:
+        thread.start()
+    notify.get_hub().connected.wait(5)
+    time.sleep(0.2)
+    assert notify.get_hub().waiting() == 50
+    finished_at = time.monotonic()
+    for call_id in calls:
+        done.add(call_id)
+        notify.publish(call_id, 'succeeded')
+    for thread in threads:
+        thread.join(10)
+    assert len(woken) == 50 and max(woken) - finished_at < 1.5
+    hubs = [thread for thread in threading.enumerate() if thread.name == 'heavy-lanes-notices']
+    assert len(hubs) == 1 and 'heavy-lanes-notices' in before | {hubs[0].name}
+
+
+def test_a_wait_reads_the_row_when_no_notice_comes(monkeypatch):
+    monkeypatch.setattr(notify, 'POLL_SECONDS', 0.2)
+    done = []
+    later(0.3, done.append, True)  # the call ends, and nobody publishes
+    started = time.monotonic()
+    assert notify.wait_for(uuid.uuid4().hex, lambda: bool(done), 5)
+    assert time.monotonic() - started < 1.0

@@ -168,7 +168,7 @@ def test_a_flower_pool_shrink_lowers_the_lane_limit(broker, start_worker, flower
     assert flower_post(flower, f'/api/worker/pool/shrink/{worker.node}?n=1', auth=None) == 401
     assert flower_post(flower, f'/api/worker/pool/shrink/{worker.node}?n=1') == 200
     wait_until(lambda: staff.get('/capacity/config/').json()['config']['api_heavy'] == {
-        'cluster': 3, 'per_task': 2}, timeout=5, interval=0.1, message='the cluster limit to follow')
+        'cluster': 3, 'per_task': 64}, timeout=5, interval=0.1, message='the cluster limit to follow')
     assert [entry['changes'] for entry in flower_entries(staff)] == [{'api_heavy.cluster': [4, 3]}]
     queue = staff.get('/capacity/status/').json()['queues']['api_heavy']
     assert (queue['pool'], queue['configured_pool'], queue['drift']) == (2, 2, 0)

@@ -19,9 +19,10 @@ ROWS = [{'name': 'high blood pressure'}, {'name': 'sugar diabetes'}, {'name': 'h
 
 
 def submit(client, source, rows=ROWS, semantic=True, reranker=False, headers=None, **params):
+    """A polling client's submission (a handle at once): Prefer: respond-async unless `headers` say."""
     flags = '&'.join(f'{k}=true' for k, v in (('semantic', semantic), ('reranker', reranker)) if v)
     return client.post(f'/concepts/$match/?{flags}', {'rows': rows, 'target_repo_url': source, **params},
-                       format='json', **(headers or {}))
+                       format='json', **{'HTTP_PREFER': 'respond-async', **(headers or {})})
 
 
 def poll(client, call_id, until=('succeeded', 'failed', 'cancelled', 'expired'), timeout=30):
@@ -228,6 +229,7 @@ def test_with_a_lane_limit_of_two_no_more_than_two_calls_run_at_once(
     ids = []
     for _ in range(10):
         response = client.post('/concepts/$rerank/', {'q': 'chest pain radiating to the arm', 'rows': rows},
+                               HTTP_PREFER='respond-async',
                                format='json')
         assert response.status_code == 202, response.content
         ids.append(response.json()['id'])

@@ -23,7 +23,7 @@ def test_defaults_are_the_starting_numbers():
     assert validate(defaults) is defaults
     assert defaults['mode'] == 'shadow'
     assert defaults['enforce_for'] == 'aware'
-    assert defaults['api_heavy'] == {'cluster': 4, 'per_task': 2}
+    assert defaults['api_heavy'] == {'cluster': 4, 'per_task': 64}  # per_task: what one API host holds waiting
     assert defaults['es2_knn'] == 3
     assert defaults['reserve_single_row'] == 1
     assert defaults['tiers'] == {'staff': 4, 'core': 4, 'early_access': 3, 'preview': 2}
@@ -32,7 +32,7 @@ def test_defaults_are_the_starting_numbers():
     assert defaults['retry_after'] == {'base': 5, 'max': 30, 'paused': 120}
     assert defaults['queue'] == {'deadline_seconds': 600,
                                  'max_waiting': {'interactive': 0, 'es2_knn': 0, 'api_heavy': 0}}
-    assert defaults['wait'] == {'default_seconds': 0, 'max_seconds': 30}
+    assert defaults['wait'] == {'default_seconds': 600, 'max_seconds': 900}
 
 
 def test_the_defaults_are_a_copy_nobody_can_change_by_accident():
@@ -75,8 +75,8 @@ def test_default_mode_comes_from_settings_when_it_is_a_mode(settings, mode, expe
     ({'retry_after': {'base': 10, 'max': 5}},
      '"retry_after" needs "base" and "paused" of at least 1, and "max" of at least "base".'),
     ({'queue': {'deadline_seconds': 59}}, '"queue.deadline_seconds" can\'t be less than "lease_seconds".'),
-    ({'wait': {'max_seconds': 121}}, '"wait.max_seconds" can\'t be more than 120.'),
-    ({'wait': {'default_seconds': 31}}, '"wait.default_seconds" can\'t be more than "wait.max_seconds".'),
+    ({'wait': {'max_seconds': 3601}}, '"wait.max_seconds" can\'t be more than 3600.'),
+    ({'wait': {'default_seconds': 901}}, '"wait.default_seconds" can\'t be more than "wait.max_seconds".'),
 ])
 def test_validate_rejects_a_bad_change_with_its_message(changes, message):
     assert errors_of(changed(**changes)) == [message]
@@ -86,7 +86,7 @@ def test_validate_rejects_a_bad_change_with_its_message(changes, message):
     {'lease_seconds': 15, 'renew_seconds': 5, 'max_hold_seconds': 15, 'queue': {'deadline_seconds': 15}},
     {'reserve_single_row': 4},
     {'queue': {'deadline_seconds': 60}},
-    {'wait': {'max_seconds': 120, 'default_seconds': 120}},
+    {'wait': {'max_seconds': 3600, 'default_seconds': 3600}},
     {'retry_after': {'base': 1, 'max': 1, 'paused': 1}},
     {'tiers': {'preview': 0}, 'per_user': {'preview': 100000}},
 ])
@@ -107,10 +107,10 @@ def test_validate_collects_every_shape_error_and_skips_the_rules_until_the_shape
 
 
 def test_validate_collects_every_broken_rule():
-    assert errors_of(changed(reserve_single_row=5, max_hold_seconds=30, wait={'max_seconds': 200})) == [
+    assert errors_of(changed(reserve_single_row=5, max_hold_seconds=30, wait={'max_seconds': 4000})) == [
         '"reserve_single_row" can\'t be more than "api_heavy.cluster".',
         '"max_hold_seconds" can\'t be less than "lease_seconds".',
-        '"wait.max_seconds" can\'t be more than 120.',
+        '"wait.max_seconds" can\'t be more than 3600.',
     ]
 
 

@@ -36,10 +36,10 @@ def test_single_row(endpoint, rows, single):
     (call(rows=1, semantic=True), [(A, (), 4), (K, (), 3), (R, ('preview',), 2), (U, (7,), 1)]),
     # reranked lexical: no es2_knn lane
     (call(reranker=True), [(A, (), 3), (R, ('preview',), 2), (U, (7,), 1)]),
-    # a call that waits in the request also takes this host's lane, with the reserve there too
-    (call(waits=True, tier='core'), [(A, (), 3), (T, ('h1',), 1), (R, ('core',), 4), (U, (7,), 3)]),
-    # a long poll only waits: this host's lane, its whole limit
-    (call(endpoint='', rows=0, wait_slot=True), [(T, ('h1',), 2)]),
+    # a call whose request waits takes no host lane itself: the waiting takes a slot of its own (below)
+    (call(waits=True, tier='core'), [(A, (), 3), (R, ('core',), 4), (U, (7,), 3)]),
+    # a waiting request (a waiting POST, a long poll): this host's lane, its whole limit
+    (call(endpoint='', rows=0, wait_slot=True), [(T, ('h1',), 64)]),
 ])
 def test_lanes_and_limits(the_call, expected):
     assert [(item.lane, item.parts, item.limit) for item in lanes_for(config(), the_call)] == expected

@@ -1,0 +1,25 @@
+"""gunicorn's settings for the API, the one place `make run`, docker-compose, the benchmarks and the fault
+tests read (`gunicorn -c python:api.gunicorn_config api.wsgi:application --bind ...`).
+
+The serving model is gthread: API_WORKERS processes of API_THREADS threads each. A request that waits for a
+heavy call's result (the default for a client that didn't ask for a handle) holds one thread, blocked on
+an Event woken by the process's one notice subscriber (workers.notify), not a whole process: 2 processes of
+40 threads hold 64 waiting requests (API_WAITING_PER_PROCESS each, api_heavy.per_task for the host) and
+still have threads for everything else. Why not an async server: the views, DRF and the ORM are
+synchronous, and a thread costs a waiting request ~64 KiB of stack and no CPU (docs/architecture.md).
+gthread's `timeout` is the worker's heartbeat to the master, not a limit on a request, so a long wait is
+fine; the proxy's read timeout must exceed `wait.max_seconds` (deploy/nginx.conf).
+"""
+import os
+
+worker_class = 'gthread'
+workers = int(os.environ.get('API_WORKERS') or os.environ.get('WEB_CONCURRENCY') or 2)
+threads = int(os.environ.get('API_THREADS') or 40)
+timeout = 60
+graceful_timeout = 30
+keepalive = 5
+backlog = 2048
+accesslog = '-'
+errorlog = '-'
+loglevel = 'info'
+logger_class = 'api.gunicorn_logging.JsonLogger'
