@@ -103,7 +103,7 @@ def test_an_unreachable_broker_is_a_503_that_leaves_nothing_behind(
     dead = Celery('unreachable', broker='redis://127.0.0.1:9/0', set_as_current=False)
     dead.conf.update(task_publish_retry_policy=app.conf.task_publish_retry_policy,
                      broker_transport_options=app.conf.broker_transport_options)
-    monkeypatch.setattr(lifecycle, 'send', lambda call: dead.send_task(
+    monkeypatch.setattr(lifecycle.create, 'send', lambda call: dead.send_task(
         'heavy_lanes.run_heavy_call', args=[call.pk], task_id=call.pk, queue=call.queue))
     user = make_user()
     response = match(api_as(user), tiny_source)

@@ -91,7 +91,7 @@ def test_a_hung_redis_that_is_also_the_broker_is_a_clear_503_with_nothing_half_s
     same = Celery('same-redis', broker=f'redis://127.0.0.1:{hanging_lanes.port}/1', set_as_current=False)
     same.conf.update(task_publish_retry_policy=app.conf.task_publish_retry_policy,
                      broker_transport_options=app.conf.broker_transport_options)
-    monkeypatch.setattr(lifecycle, 'send', lambda call: same.send_task(
+    monkeypatch.setattr(lifecycle.create, 'send', lambda call: same.send_task(
         'heavy_lanes.run_heavy_call', args=[call.pk], task_id=call.pk, queue=call.queue))
     user = make_user()
     hanging_lanes.pause()

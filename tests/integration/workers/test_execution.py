@@ -20,7 +20,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def lines():
-    with mock.patch('workers.lifecycle.emit') as emit, mock.patch('workers.lifecycle.app.control.revoke'):
+    with mock.patch('workers.lifecycle.reads.emit') as emit, mock.patch('workers.celery.app.control.revoke'):
         yield emit
 
 
@@ -133,14 +133,14 @@ def test_a_renewer_that_fails_to_start_still_runs_and_releases(make_user, lanes)
 
 def test_a_failing_log_line_never_fails_the_call(make_user, lanes):
     call = admitted(make_user())
-    with mock.patch('workers.lifecycle.emit', side_effect=OSError('stdout is gone')) as emit:
+    with mock.patch('workers.lifecycle.reads.emit', side_effect=OSError('stdout is gone')) as emit:
         assert execution.run(call.pk, perform=lambda row: {}) == {}
     emit.assert_called_once()
     assert HeavyCall.objects.get(pk=call.pk).state == 'succeeded'
 
 
 def test_a_message_whose_row_never_commits_is_dropped(make_user, lanes, monkeypatch):
-    monkeypatch.setattr(lifecycle, 'ROW_WAIT_SECONDS', 0.1)
+    monkeypatch.setattr(lifecycle.running, 'ROW_WAIT_SECONDS', 0.1)
     perform = mock.Mock()
     assert execution.run('0' * 32, perform=perform) is None
     perform.assert_not_called()

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture(autouse=True)
 def quiet():
-    with mock.patch('workers.lifecycle.emit') as emit, mock.patch('workers.lifecycle.app.control.revoke'):
+    with mock.patch('workers.lifecycle.reads.emit') as emit, mock.patch('workers.celery.app.control.revoke'):
         yield emit
 
 

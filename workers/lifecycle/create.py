@@ -1,0 +1,28 @@
+"""A call's start in life: its row and its message, in one transaction."""
+from django.db import transaction
+
+from capacity.config import get_config, time_limits
+from workers import publisher
+from workers.celery import TASK_NAME, app
+
+
+def send(call):
+    """Publish the call's message on its queue, expiring at its queue deadline, with the time limits of the
+    config in force, within the publish deadline (workers.publisher). By task name: the API never imports
+    the tasks module, and so none of the workers' signal handlers."""
+    limits = time_limits(get_config())
+    publisher.publish(app.send_task, TASK_NAME, args=[call.pk], task_id=call.pk, queue=call.queue,
+                      expires=call.expires_at, priority=call.priority, soft_time_limit=limits.soft,
+                      time_limit=limits.hard, headers={'request_id': call.request_id or None})
+
+
+def enqueue(call, publish=None):
+    """Insert `call` (a new, unsaved HeavyCall) and publish its message, in one transaction.
+
+    A publish that fails rolls the row back and raises; an IntegrityError means another request with the
+    same Idempotency-Key won the race (the caller answers with that call).
+    """
+    with transaction.atomic():
+        call.save(force_insert=True)  # the row is also the call's usage record
+        (publish or send)(call)
+    return call

@@ -1,0 +1,117 @@
+"""Ending a call that won't run, or won't run on: cancel, expiry, a stopped or revoked call, and what
+follows every end (`ended`)."""
+import logging
+
+from django.utils import timezone
+
+from capacity import counters
+from workers import messages, notify
+from workers.celery import app
+from workers.lifecycle.reads import admission_of, log_line
+from workers.models import FINAL_STATES, OPEN_STATES, HeavyCall, State
+
+logger = logging.getLogger('heavy_lanes')
+
+
+def cancel(call):
+    """Cancel a queued or running call; return the state it was cancelled from, or None if it had ended.
+
+    A queued call is cancelled at once: a worker's `start` then finds it cancelled and never runs it, so its
+    leases are released here. A running call is stopped where it runs (Celery's revoke with terminate, and
+    its worker's heartbeat as the backstop); its leases are released by that worker once it has stopped.
+    """
+    now = timezone.now()
+    if HeavyCall.objects.filter(pk=call.pk, state=State.QUEUED).update(state=State.CANCELLED, finished_at=now):
+        was = State.QUEUED
+    elif HeavyCall.objects.filter(pk=call.pk, state=State.RUNNING).update(state=State.CANCELLED, finished_at=now):
+        was = State.RUNNING
+    else:
+        call.refresh_from_db()
+        return None
+    call.refresh_from_db()
+    counters.record_end(call.queue, State.CANCELLED)  # counted at the transition (its worker may be gone)
+    if was == State.QUEUED:
+        lease = admission_of(call).lease()
+        lease.release()
+        ended(call, lease, count=False)
+        discard_message(call)
+    try:
+        app.control.revoke(call.pk, terminate=(was == State.RUNNING), signal='SIGTERM')
+    except Exception:  # noqa: BLE001 - the row says cancelled; a worker checks it before and while running
+        logger.warning('Revoke of cancelled call %s not sent; its worker finds the row cancelled', call.pk)
+    return was
+
+
+def taken_over(call, worker):
+    """Whether another delivery runs `call` now (this worker was presumed gone): it holds the leases."""
+    return HeavyCall.objects.filter(pk=call.pk, state=State.RUNNING).exclude(worker=worker).exists()
+
+
+def stopped(call_id, lease=None):
+    """A cancelled call's work has stopped (its process was terminated, or its worker stopped it): release
+    its leases (`lease`, the worker's, or the admission's), mark that no worker runs it, and log it."""
+    call = HeavyCall.objects.filter(pk=call_id).first()
+    if call is None or call.state != State.CANCELLED:
+        return False
+    lease = lease or admission_of(call).lease()
+    lease.release()
+    HeavyCall.objects.filter(pk=call_id, state=State.CANCELLED).update(heartbeat_at=None)
+    call.heartbeat_at = None
+    ended(call, lease, count=False)  # counted when it was cancelled
+    return True
+
+
+def wait_stopped(call, seconds):
+    """Wait up to `seconds` until no worker runs `call` any more (it ended, or it was cancelled and its work
+    has stopped); True when that happened."""
+    def stopped_now():
+        call.refresh_from_db(fields=['state', 'heartbeat_at', 'finished_at'])
+        return call.state in FINAL_STATES and (call.state != State.CANCELLED or call.heartbeat_at is None)
+    return notify.wait_for(call.pk, stopped_now, seconds)
+
+
+def end_unstarted(call_id, state, purge=False):
+    """End a call that won't run (`expired` past its deadline, `cancelled` when revoked before it ran):
+    mark it if it is still open, release its leases, log it. Idempotent. A call that runs (a message of
+    it expired or was revoked while another delivery runs it) is left alone, leases and all. `purge`: its
+    message may still wait on the broker (no worker took it): take it out, so the queue's depth counts only
+    calls that still wait."""
+    now = timezone.now()
+    open_states = [State.QUEUED] if state == State.EXPIRED else list(OPEN_STATES)
+    ended_now = HeavyCall.objects.filter(pk=call_id, state__in=open_states).update(state=state, finished_at=now)
+    call = HeavyCall.objects.filter(pk=call_id).first()
+    if call is None or call.state == State.RUNNING:
+        return False
+    lease = admission_of(call).lease()
+    lease.release()
+    if ended_now:
+        ended(call, lease)
+    if purge:
+        discard_message(call)
+    return bool(ended_now)
+
+
+def expire(call):
+    """A queued call past its deadline is expired, even before a worker sees its message (which is taken
+    off the broker)."""
+    if call.state == State.QUEUED and timezone.now() >= call.expires_at:
+        end_unstarted(call.pk, State.EXPIRED, purge=True)
+        call.refresh_from_db()
+    return call
+
+
+def discard_message(call):
+    """Take a call that will never run off its queue's broker lists; best effort (the sweep retries)."""
+    try:
+        messages.discard(call.pk, call.queue)
+    except Exception as ex:  # noqa: BLE001 - the row says it ended; a worker that gets the message skips it
+        logger.warning('Message of ended call %s left on the broker (%s: %s); the sweep takes it out',
+                       call.pk, type(ex).__name__, ex)
+
+
+def ended(call, lease=None, count=True):
+    """What follows any end: the counter (once per call: `count`), the log line and the completion notice."""
+    if count:
+        counters.record_end(call.queue, call.state)
+    log_line(call, lease)
+    notify.publish(call.pk, call.state)

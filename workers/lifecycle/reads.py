@@ -1,0 +1,118 @@
+"""The read side of a call: its admission, result, position, the answer the in-request endpoint would
+give, waiting for its end, and its log line. The only code that reads stored results."""
+import json
+import logging
+import time
+
+from celery import states
+from django.db import connection
+from django.db.models import Q
+
+from capacity.admission import Admission, log_record
+from capacity.logs import emit
+from workers import notify
+from workers.lifecycle.words import CANCELLED, EXPIRED, FAILED
+from workers.models import FINAL_STATES, HeavyCall, State
+
+logger = logging.getLogger('heavy_lanes')
+
+
+def admission_of(call):
+    return Admission.from_json(call.admission, token=call.pk)
+
+
+def stored_result(call_id):
+    """The JSON text of a stored successful result, or None."""
+    from django_celery_results.models import TaskResult
+    return TaskResult.objects.filter(task_id=call_id, status=states.SUCCESS).values_list(
+        'result', flat=True).first()
+
+
+def result(call):
+    """The stored result of a succeeded call (the Celery result backend holds it, by task id)."""
+    text = stored_result(call.pk)
+    return json.loads(text) if text else None
+
+
+def error_of(call):
+    """What a client is told about a call that didn't succeed."""
+    return call.error or {State.CANCELLED: CANCELLED, State.EXPIRED: EXPIRED}.get(call.state, FAILED)
+
+
+def answer(call):
+    """(status, body) the in-request endpoint would have given for a call that ended: 200 with its result;
+    a failure's own status and body; 503 for a call that expired unrun, 409 for one that was cancelled."""
+    if call.state == State.SUCCEEDED:
+        return 200, result(call)
+    if call.state == State.FAILED:
+        return call.error_status or 500, call.error_body or {'detail': error_of(call), 'error_code': 'call_failed'}
+    if call.state == State.EXPIRED:
+        return 503, {'detail': EXPIRED, 'error_code': 'expired'}
+    return 409, {'detail': CANCELLED, 'error_code': 'cancelled'}
+
+
+def position(call):
+    """1-based place of a queued call among the queued calls of its queue (priority, then age)."""
+    if call.state != State.QUEUED:
+        return None
+    ahead = HeavyCall.objects.filter(queue=call.queue, state=State.QUEUED).filter(
+        Q(priority__lt=call.priority) | Q(priority=call.priority, created_at__lt=call.created_at)).count()
+    return ahead + 1
+
+
+# What a waiting request reads again: enough to answer as the task or as the in-request endpoint would.
+
+
+WAIT_FIELDS = ['state', 'started_at', 'finished_at', 'error', 'error_status', 'error_body']
+
+
+HOLD_CONNECTION_SECONDS = 1.0
+
+
+def wait(call, seconds):
+    """Wait up to `seconds` for `call` to end; keeps `call`'s state and timings fresh; True when it ended.
+
+    A request that waits longer than HOLD_CONNECTION_SECONDS gives its database connection back between
+    looks (Django opens a new one for the next): a host holds dozens of waiting requests, and PostgreSQL
+    would otherwise keep a connection open for each of them.
+    """
+    started = time.monotonic()
+
+    def finished():
+        call.refresh_from_db(fields=WAIT_FIELDS)
+        if call.state in FINAL_STATES:
+            return True
+        if time.monotonic() - started >= HOLD_CONNECTION_SECONDS and not connection.in_atomic_block:
+            connection.close()
+        return False
+    return notify.wait_for(call.pk, finished, seconds)
+
+
+def ms_between(start_at, end_at):
+    if start_at is None or end_at is None:
+        return None
+    return max(int((end_at - start_at).total_seconds() * 1000), 0)
+
+
+def log_line(call, lease=None):
+    """The call's one `ocl_capacity` line: what admission decided plus what happened in the queue."""
+    admission = admission_of(call)
+    record = log_record(admission)
+    if not record:
+        return  # the limiter was off for this call: no counting, no line
+    record.update({
+        'queue': call.queue,
+        'task_id': call.pk,
+        'state': call.state,
+        'wait_ms': ms_between(call.created_at, call.started_at or call.finished_at),
+        'run_ms': ms_between(call.started_at, call.finished_at),
+        'held_ms': ms_between(call.created_at, call.finished_at) if admission.holding else None,
+        'attempts': call.attempts or None,
+        'lease_lost': True if (lease is not None and lease.lease_lost) or call.lease_lost else None,
+        'error': (lease.error if lease is not None and lease.error else None) or call.limiter_error
+        or record.get('error') or (call.error[:300] if call.error else None),
+    })
+    try:
+        emit(record)
+    except Exception:  # noqa: BLE001 - a log line never fails a call
+        logger.exception('Heavy call %s: the log line failed', call.pk)

@@ -1,0 +1,190 @@
+"""The worker's side of a call: claim it, beat while it runs, record its success or failure."""
+import json
+import os
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+from celery import states
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from capacity.config import get_config
+from workers.celery import app
+from workers.lifecycle.ending import ended
+from workers.lifecycle.reads import admission_of
+from workers.lifecycle.words import ERROR_LENGTH, HARD_LIMIT, ROW_WAIT_SECONDS
+from workers.models import OPEN_STATES, HeavyCall, State
+
+
+def load(call_id, wait=None):
+    """The call's row, waiting up to ROW_WAIT_SECONDS for the API's commit; None if it never comes."""
+    deadline = time.monotonic() + (ROW_WAIT_SECONDS if wait is None else wait)
+    pause = 0.002  # the commit is usually a millisecond or two behind the message: look again soon
+    while True:
+        call = HeavyCall.objects.filter(pk=call_id).first()
+        if call is not None or time.monotonic() >= deadline:
+            return call
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
+@dataclass(frozen=True)
+class Start:
+    """What `start` decided for one delivery of a call's message."""
+
+    kind: str          # RUN, EXPIRE, ENDED or BUSY
+    redelivered: bool = False
+    retry_in: float = 0.0  # BUSY: seconds until the running worker's heartbeat would be stale
+
+
+RUN, EXPIRE, ENDED, BUSY = 'run', 'expire', 'ended', 'busy'
+
+
+def worker_name(node):
+    return f'{node} pid {os.getpid()}'
+
+
+def holder_gone(call, me, now, stale_seconds):
+    """Whether the worker that last marked `call` running is gone (so this delivery may take over).
+
+    Gone: it never beat, or its heartbeat is older than `stale_seconds`, or it ran on this node in a
+    process that no longer exists (a pool process killed: the broker redelivers at once).
+    """
+    if not call.worker or call.heartbeat_at is None or call.heartbeat_at < now - timedelta(seconds=stale_seconds):
+        return True
+    node, _, pid = call.worker.rpartition(' pid ')
+    my_node = me.rpartition(' pid ')[0]
+    if node != my_node or not pid.isdigit():
+        return False
+    if int(pid) == os.getpid():
+        return True  # this process runs one call at a time: its earlier run of it is over
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def start(call, worker):
+    """Claim `call` for `worker` ('<node> pid <pid>'); see Start. Updates `call` to what was written."""
+    now = timezone.now()
+    if call.state == State.QUEUED and now >= call.expires_at:
+        return Start(EXPIRE)
+    if call.state not in OPEN_STATES:
+        return Start(ENDED)
+    redelivered = call.attempts > 0
+    claim = HeavyCall.objects.filter(pk=call.pk)
+    if call.state == State.QUEUED:
+        claim = claim.filter(state=State.QUEUED)
+    elif holder_gone(call, worker, now, stale_seconds := get_config()['lease_seconds']):
+        # Compare and set: of two deliveries taking over at once, one wins.
+        claim = claim.filter(state=State.RUNNING, worker=call.worker, heartbeat_at=call.heartbeat_at)
+    else:
+        return Start(BUSY, redelivered, retry_in=busy_retry_in(call, now, stale_seconds))
+    if not claim.update(state=State.RUNNING, started_at=now, attempts=F('attempts') + 1, worker=worker,
+                        heartbeat_at=now):
+        fresh = HeavyCall.objects.filter(pk=call.pk).values_list('state', flat=True).first()
+        if fresh == State.RUNNING:
+            return Start(BUSY, redelivered, retry_in=get_config()['lease_seconds'])
+        return Start(ENDED, redelivered)
+    call.state, call.started_at, call.attempts = State.RUNNING, now, call.attempts + 1
+    call.worker, call.heartbeat_at = worker, now
+    return Start(RUN, redelivered)
+
+
+def busy_retry_in(call, now, stale_seconds):
+    """When to look again at a call another worker runs: just after its heartbeat would go stale."""
+    age = (now - call.heartbeat_at).total_seconds() if call.heartbeat_at else stale_seconds
+    return max(1.0, stale_seconds - age + 1.0)
+
+
+def beat(call, worker):
+    """The running worker is alive; False when the call is no longer its own (cancelled or taken over)."""
+    now = timezone.now()
+    return bool(HeavyCall.objects.filter(pk=call.pk, state=State.RUNNING, worker=worker).update(heartbeat_at=now))
+
+
+def note_limiter(call, lease):
+    """Keep what the limiter met while the call ran (a lost lease, an error) for its log line."""
+    if lease.lease_lost or lease.error:
+        call.lease_lost, call.limiter_error = lease.lease_lost, (lease.error or '')[:300]
+        HeavyCall.objects.filter(pk=call.pk).update(lease_lost=call.lease_lost, limiter_error=call.limiter_error)
+
+
+def succeed(call, result, worker=None):
+    """Record that a running call succeeded with `result`: the result and the state in one transaction.
+
+    False (and nothing stored) when the call is no longer running on `worker` (cancelled meanwhile). The
+    caller releases the leases, then calls `ended`.
+    """
+    finished_at = timezone.now()
+    running = HeavyCall.objects.filter(pk=call.pk, state=State.RUNNING)
+    if worker is not None:
+        running = running.filter(worker=worker)
+    with transaction.atomic():
+        if not running.update(state=State.SUCCEEDED, finished_at=finished_at, error=''):
+            return False
+        app.backend.store_result(call.pk, result, states.SUCCESS)
+    call.state, call.finished_at, call.error = State.SUCCEEDED, finished_at, ''
+    return True
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a call failed: the message a poll shows, and what the in-request endpoint would have answered."""
+
+    message: str
+    status: int = 500
+    body: dict | None = None
+
+    @classmethod
+    def internal(cls, message):
+        return cls(message, 500, {'detail': f'The call failed: {message}'[:ERROR_LENGTH], 'error_code': 'call_failed'})
+
+    @classmethod
+    def invalid(cls, detail):
+        """A bad body found by the worker (the view's checks passed, the source went away...): a 400."""
+        detail = json.loads(json.dumps(detail, default=str))  # DRF's ErrorDetail strings as plain JSON
+        return cls(f'Invalid request: {json.dumps(detail)}', 400, {'detail': detail, 'error_code': 'invalid'})
+
+    @classmethod
+    def time_limit(cls, message):
+        return cls(message, 504, {'detail': message, 'error_code': 'time_limit'})
+
+
+def fail(call, failure, worker=None):
+    """Record that a running call failed (a Failure, or a message) and give its usage back; False when it
+    is no longer running on `worker`. The caller releases the leases, then calls `ended`."""
+    if not isinstance(failure, Failure):
+        failure = Failure.internal(str(failure))
+    finished_at = timezone.now()
+    error = failure.message[:ERROR_LENGTH]
+    running = HeavyCall.objects.filter(pk=call.pk, state=State.RUNNING)
+    if worker is not None:
+        running = running.filter(worker=worker)
+    if not running.update(state=State.FAILED, finished_at=finished_at, error=error, refunded_at=finished_at,
+                          error_status=failure.status, error_body=failure.body):
+        return False
+    call.state, call.finished_at, call.error, call.refunded_at = State.FAILED, finished_at, error, finished_at
+    call.error_status, call.error_body = failure.status, failure.body
+    return True
+
+
+def time_out(call_id, seconds, node):
+    """A call whose pool process its worker killed at the hard time limit (`seconds`): end it `failed`
+    with that reason and release its leases (from the worker's main process, where Celery enforces the
+    limit). Only a run on `node` is ended: a later delivery elsewhere owns the call. Idempotent."""
+    call = HeavyCall.objects.filter(pk=call_id).first()
+    if call is None or call.state != State.RUNNING or not call.worker.startswith(f'{node} pid '):
+        return False
+    if not fail(call, Failure.time_limit(HARD_LIMIT.format(seconds=seconds)), worker=call.worker):
+        return False
+    lease = admission_of(call).lease()
+    lease.release()
+    note_limiter(call, lease)
+    ended(call, lease)
+    return True
