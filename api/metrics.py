@@ -83,6 +83,9 @@ class HeavyLanesCollector:
         renewals = counter('lease_renewals_failed', 'Lease renewals that failed or found a lease gone.')
         finished = counter('calls_finished', 'Calls that ended, by queue and final state.',
                            ['queue', 'state'])
+        served = counter('calls_served', 'Calls by queue and how they were served: run (their own work), '
+                                         'coalesced (joined an identical call\'s work), cached (an identical '
+                                         'call\'s stored result).', ['queue', 'served_as'])
         expired = counter('leases_expired', 'Leases pruned after expiring without a release.')
         try:
             values = counters.read()
@@ -96,10 +99,12 @@ class HeavyLanesCollector:
                 full.add_metric(rest, value)
             elif kind == 'finished' and len(rest) == 2:
                 finished.add_metric(rest, value)
+            elif kind == 'served' and len(rest) == 2:
+                served.add_metric(rest, value)
         renewals.add_metric([], values.get(('renewal_failed',), 0))
         if 'leases_expired_total' in status:
             expired.add_metric([], status['leases_expired_total'])
-        yield from (decisions, full, renewals, expired, finished)
+        yield from (decisions, full, renewals, expired, finished, served)
         yield self.open_calls()
 
     def open_calls(self):

@@ -1,8 +1,9 @@
 """The HTTP layer: heavy-call views, task handles, health. Views validate, call a service, and render.
 
-Order inside a heavy call, as `HeavyCallView.submit` reads: authentication, permissions, body validation,
-the capacity gate, then the DRF rate throttles, then usage metering and the queue (workers.submission). A
-capacity refusal therefore costs no throttle allowance and no metered usage.
+Order inside a heavy call (workers.submission.submit): authentication, permissions, body validation,
+identical work (a warm result or an open call to join: no gate), else the capacity gate, then the DRF rate
+throttles, then usage metering and the queue. A capacity refusal therefore costs no throttle allowance and
+no metered usage.
 """
 from django.db import connection
 from drf_spectacular.types import OpenApiTypes
@@ -19,7 +20,7 @@ from capacity.caller import RequestFacts
 from capacity.config import get_config
 from capacity.constants import MATCH, RERANK
 from workers import lifecycle, submission
-from workers.models import FINAL_STATES, HeavyCall, State
+from workers.models import HeavyCall, State
 
 TRUTHY = ('true', '1', 'yes', 'on')
 MAX_POLL_SECONDS = 30
@@ -64,27 +65,30 @@ def task_url(call_id):
 
 def handle_body(call):
     """The 202 body: a handle to poll. `lane` is the call's queue (the name clients already read)."""
-    return {'id': call.pk, 'state': call.state, 'endpoint': call.endpoint, 'lane': call.queue,
+    return {'id': call.pk, 'state': call.seen_state, 'endpoint': call.endpoint, 'lane': call.queue,
             'url': task_url(call.pk), 'created_at': call.created_at}
 
 
 def task_body(call):
-    """GET /tasks/<id>/: state, timings, position while queued, result or error once finished."""
-    body = {'id': call.pk, 'state': call.state, 'endpoint': call.endpoint, 'lane': call.queue,
+    """GET /tasks/<id>/: state, timings, position while queued, result or error once finished. A call
+    that shares its work with others (workers.sharing) shows that work's progress and result, as its own;
+    one its owner cancelled while others share the work shows `cancelled` from then on."""
+    state = call.seen_state
+    body = {'id': call.pk, 'state': state, 'endpoint': call.endpoint, 'lane': call.queue,
             'url': task_url(call.pk), 'created_at': call.created_at, 'started_at': call.started_at,
-            'finished_at': call.finished_at}
-    if call.state == State.QUEUED:
+            'finished_at': call.detached_at or call.finished_at}
+    if state == State.QUEUED:
         body['position'] = lifecycle.position(call)
-    if call.state == State.SUCCEEDED:
+    if state == State.SUCCEEDED:
         body['result'] = lifecycle.result(call)
-    if call.state in (State.FAILED, State.CANCELLED, State.EXPIRED):
+    if state in (State.FAILED, State.CANCELLED, State.EXPIRED):
         body['error'] = lifecycle.error_of(call)
     return body
 
 
 def poll_hint(call, position=None):
     """Seconds a client should wait before polling again (Retry-After), or None once finished."""
-    if call.state in FINAL_STATES:
+    if call.finished:
         return None
     if call.state == State.RUNNING:
         return 1
@@ -185,19 +189,14 @@ class HeavyCallView(APIView):
             with submission.claimed(heavy) as earlier:
                 if earlier is not None:  # a racing request with this Idempotency-Key made the call
                     return self.answer(earlier, wait, preferences, facts)
-                admission = self.admission = submission.admit(heavy)
-                if admission.refused:
-                    return Response(refusal_body(admission), status=status.HTTP_429_TOO_MANY_REQUESTS)
-                with submission.holding(admission):
-                    self.check_rate_limits()
                 try:
-                    call = submission.enqueue(heavy, admission)
+                    call, self.admission = submission.submit(heavy, self.check_rate_limits)
                 except submission.BrokerUnavailable as ex:
                     raise errors.ServiceUnavailable(str(ex)) from ex
+                if call is None:
+                    return Response(refusal_body(self.admission), status=status.HTTP_429_TOO_MANY_REQUESTS)
         except submission.IdempotencyConflict as ex:
             raise errors.Unprocessable(str(ex)) from ex
-        if call.pk != heavy.call_id:  # another request with this Idempotency-Key won the race
-            self.admission = None
         return self.answer(call, wait, preferences, facts)
 
     def answer(self, call, wait, preferences, facts):
@@ -305,7 +304,7 @@ class TaskView(APIView):
         call = self.get_call(request, call_id)
         was = lifecycle.cancel(call)
         if was is None:
-            raise errors.Conflict(f'The task already ended ({call.state}).')
+            raise errors.Conflict(f'The task already ended ({call.seen_state}).')
         if was == State.RUNNING:
             # Answer once the work has stopped (its worker confirms); a worker the revoke didn't reach
             # stops it at its next heartbeat, and the answer doesn't wait for that.

@@ -155,6 +155,8 @@ def headers(admission):
     """The X-OCL-Capacity-* headers (and Retry-After when refused); {} when the limiter is off."""
     if admission is None or admission.decision is None:
         return {}
+    if admission.decision in (Decision.COALESCED, Decision.CACHED):
+        return {HEADER_DECISION: str(admission.decision)}  # capacity headers only on calls that were admitted
     limits, counts = admission.limits, admission.counts
     values = {
         HEADER_DECISION: admission.decision,

@@ -34,6 +34,8 @@ class Decision(str, enum.Enum):
     SHADOW_REFUSED = 'shadow-refused'  # a lane was full; enforce would have refused the call
     REFUSED = 'refused'
     UNAVAILABLE = 'unavailable'        # the limiter couldn't count the call, so it went ahead uncounted
+    COALESCED = 'coalesced'            # joined an identical call's work: no lease, no message
+    CACHED = 'cached'                  # answered from an identical call's stored result: no lease, no queue
 
     def __str__(self):
         return self.value
@@ -87,6 +89,9 @@ DEFAULTS = {
     'queue': {
         'deadline_seconds': 600,  # a queued call expires (with its leases) if no worker starts it by then
         'max_waiting': {INTERACTIVE_QUEUE: 0, ES2_KNN_QUEUE: 0, API_HEAVY_QUEUE: 0},  # enforce: room to wait
+    },
+    'cache': {
+        'ttl_seconds': 300,  # a succeeded call's result answers identical calls this long (0: off)
     },
     'wait': {
         'default_seconds': 600,  # how long a request without Prefer: respond-async waits for its result

@@ -1,6 +1,7 @@
 """Cluster-wide event counters kept in Redis, so /metrics is right however many API and worker
 processes there are: decisions by queue, tier and decision; each full lane of a refused or
-shadow-refused call; renewals that failed; calls that ended, by queue and final state (counted once, at
+shadow-refused call; renewals that failed; calls by how they were served (run, coalesced,
+cached: workers.sharing); calls that ended, by queue and final state (counted once, at
 the transition that ends them, so the count neither costs a scan of the calls' table nor drops when
 retention deletes old rows). One hash under the lane prefix; increments gather in the
 process and reach Redis on the lane store's Redis thread, and never delay or fail a call.
@@ -86,6 +87,12 @@ def record_decision(admission, queue):
     fields = [('decision', queue, tier, admission.decision)]
     fields += [('full', lane, tier, admission.decision) for lane in admission.full]
     increment(*fields)
+
+
+def record_served(queue, served_as):
+    """Count one call by how it was served: `run` (its own work), `coalesced` (joined an identical call's
+    work), `cached` (answered from an identical call's stored result)."""
+    increment(('served', queue, str(served_as)))
 
 
 def record_end(queue, state):

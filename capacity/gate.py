@@ -86,6 +86,23 @@ def admit(user, endpoint='', rows=0, semantic=False, reranker=False, waits=False
                                        error=error))
 
 
+def unadmitted(user, decision, endpoint='', rows=0, semantic=False, reranker=False, waits=False, queue='',
+               draws_on=None, facts=NO_FACTS, token=None, config=None):
+    """The Admission of a call served without admission (`decision` COALESCED or CACHED: it shares an
+    identical call's work, workers.sharing): no lane, no lease; decision None when the limiter is off, as
+    for every call then (no headers, no log line)."""
+    config = config or get_config()
+    token = token or uuid.uuid4().hex
+    if config['mode'] == OFF:
+        return Admission(decision=None, token=token, mode=OFF, facts=facts)
+    call = decisions.Call(
+        endpoint=endpoint, rows=rows, tier=get_tier(user), user_id=getattr(user, 'pk', None),
+        semantic=bool(semantic), reranker=bool(reranker), waits=bool(waits), host=settings.CAPACITY_TASK_ID,
+        queue=queue, draws_on=draws_on)
+    return Admission(decision=decision, token=token, call=call, mode=config['mode'],
+                     enforced=decisions.is_enforced(config, facts.aware), facts=facts)
+
+
 def _replace(admission, **changes):
     return dataclasses.replace(admission, **changes)
 

@@ -96,3 +96,13 @@ def claim_key(kind, *parts):
     """A short-lived claim that one request is doing something for everyone (e.g. kind `idempotency`,
     parts user id and the key's digest), so racing requests wait for it instead of doing it twice."""
     return f'{settings.CAPACITY_KEY_PREFIX}:claim:{kind}:' + ':'.join(str(part) for part in parts)
+
+
+def work_claim_key(work_key):
+    """Held by the call that runs the work `work_key` while identical calls may join it (workers.sharing)."""
+    return claim_key('work', work_key)
+
+
+def warm_key(work_key):
+    """The call whose stored result answers identical calls for cache.ttl_seconds (workers.sharing)."""
+    return f'{settings.CAPACITY_KEY_PREFIX}:warm:{work_key}'

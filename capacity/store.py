@@ -29,7 +29,7 @@ from capacity.threads import RedisThread
 from common import connections
 from common.process import PerProcess
 
-SCRIPTS = ('acquire', 'renew', 'release', 'count')
+SCRIPTS = ('acquire', 'renew', 'release', 'count', 'unclaim')
 SCAN_COUNT = 100
 NOT_AFTER_SLACK_SECONDS = 2  # room for the clocks of this host and Redis to differ
 LATE_ACQUIRE = 'Redis ran the acquire after its caller stopped waiting; no lease was taken'
@@ -191,6 +191,14 @@ class LaneStore:
         if not keys:
             return []
         return [int(count) for count in self.call(self.run_script, 'count', keys, [])]
+
+    def unclaim(self, key, token, pointer_key=None, pointer_ms=0):
+        """Delete the claim `key` if `token` still holds it (True when it did); with `pointer_key` and
+        `pointer_ms` > 0, also point `pointer_key` at `token` for that long, in the same script."""
+        keys, args = [key], [token]
+        if pointer_key is not None:
+            keys, args = [key, pointer_key], [token, int(pointer_ms)]
+        return bool(int(self.call(self.run_script, 'unclaim', keys, args)))
 
     def find_keys(self, lane):
         """Every key of a lane that has parts (e.g. each host's api_heavy_task key), sorted."""

@@ -114,6 +114,14 @@ def find_source(url):
     return source
 
 
+def source_version(url):
+    """What a `$match` result depends on of the source `url` names: its version and the checksum of its
+    loaded concepts (a reload with new concepts changes it too), or None for no loaded source. Read from
+    the database every time: a new version makes earlier results stale at once (workers.sharing)."""
+    source = find_source(url)
+    return f'{source.org}/{source.mnemonic}@{source.version}#{source.checksum}' if source is not None else None
+
+
 _known_sources = {}  # url as sent -> (monotonic expiry, canonical url): sources the API found recently
 
 

@@ -12,6 +12,12 @@ from django.db import models
 from django.utils import timezone
 
 
+class ServedAs(models.TextChoices):
+    RUN = 'run'              # its own work ran (or will run) on a worker
+    COALESCED = 'coalesced'  # it joined an identical call's work (its leader): no lease, no message
+    CACHED = 'cached'        # an identical call's stored result answered it: no admission, no queue
+
+
 class State(models.TextChoices):
     QUEUED = 'queued'
     RUNNING = 'running'
@@ -36,6 +42,14 @@ class HeavyCall(models.Model):
     priority = models.PositiveSmallIntegerField(default=9)  # lower runs first (Redis transport steps)
     payload = models.JSONField()  # the validated request body
     fingerprint = models.CharField(max_length=64)  # sha256 of the user-visible inputs
+    # The work's key (workers.sharing.work_key): the endpoint, its inputs and the source version they read.
+    # Identical calls share one run: the first leads; the others point at it (`leader`) and get its result.
+    work_key = models.CharField(max_length=64, blank=True, default='', db_index=True)
+    leader = models.ForeignKey('self', null=True, blank=True, on_delete=models.CASCADE, related_name='followers')
+    served_as = models.CharField(max_length=16, choices=ServedAs.choices, default=ServedAs.RUN)
+    # Its owner cancelled a call whose work other handles still share: the owner sees it cancelled, and the
+    # work goes on for the others (it is cancelled with its last handle).
+    detached_at = models.DateTimeField(null=True, blank=True)
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     # The submitting request's id (X-Request-Id, or made by the API): the worker's log lines for the call
     # carry it (common.request_id).
@@ -76,4 +90,16 @@ class HeavyCall(models.Model):
 
     @property
     def finished(self):
-        return self.state in FINAL_STATES
+        """Whether the call is over for its owner: it ended, or its owner cancelled it while others share
+        its work (it is detached: the work goes on for them)."""
+        return self.state in FINAL_STATES or self.detached_at is not None
+
+    @property
+    def seen_state(self):
+        """The state its owner sees: `cancelled` once detached, else its state."""
+        return State.CANCELLED if self.detached_at is not None else self.state
+
+    @property
+    def work_id(self):
+        """The id of the call whose work answers this one: its leader's, or its own."""
+        return self.leader_id or self.pk

@@ -1,15 +1,17 @@
-"""The service the heavy-call views call, in the order it runs: prepare, replay, admit, enqueue, wait.
+"""The service the heavy-call views call, in the order it runs: prepare, replay, submit, wait.
 
     heavy = prepare(user, '$match', body, semantic=True, idempotency_key=key, waits=True, facts=facts)
     earlier = replay(heavy)                 # the same Idempotency-Key and payload: that call, no new lease
     with claimed(heavy) as earlier:         # one request per key at a time; a racing one gets the first's call
-        admission = admit(heavy)            # the gate; never raises
-        if admission.refused: ...           # 429: nothing was taken
-        with holding(admission):            # the view's rate limits: a refusal there gives the leases back
-            ...
-        call = enqueue(heavy, admission)    # the row and its message, in one transaction
+        call, admission = submit(heavy, throttle)  # shared with identical work, or admitted and enqueued
+        if call is None: ...                # 429: refused, nothing was taken or written
     with waiting_slot(user, seconds) as allowed:  # a request that waits for the result, if this host can hold it
         ...
+
+`submit` runs, in order: identical work (workers.sharing: a warm result, or an open leader to join, which
+needs no admission), else `admit` (the gate, which never raises), the view's rate limits (`throttle`: a
+refusal there gives the leases back), the work's claim, and `enqueue` (the row and its message, in one
+transaction).
 
 Errors that drive the answer carry their data (see each class). A long poll takes a waiting slot through
 the same gate (`waiting_slot`).
@@ -31,14 +33,14 @@ from capacity import counters, failopen, gate
 from capacity.admission import log_record
 from capacity.caller import NO_FACTS, RequestFacts, get_tier
 from capacity.config import get_config
-from capacity.constants import TIERS
+from capacity.constants import TIERS, Decision
 from capacity.keys import claim_key
 from capacity.logs import emit
 from capacity.store import get_store
 from common.database import DATABASE_DOWN
 from common.process import PerProcess
-from workers import lanes, lifecycle
-from workers.models import HeavyCall
+from workers import lanes, lifecycle, sharing
+from workers.models import HeavyCall, ServedAs
 
 # Lower runs first on the Redis transport (steps 0, 3, 6, 9): a higher tier's calls go first in a queue.
 TIER_PRIORITY = {tier: step for tier, step in zip(TIERS, (0, 3, 6, 9))}
@@ -87,6 +89,7 @@ class Submission:
     idempotency_key: str | None = None
     waits: bool = False
     facts: RequestFacts = NO_FACTS
+    work_key: str = ''  # the key of its work (workers.sharing): identical calls share one run
 
     @property
     def rows(self):
@@ -99,7 +102,8 @@ def prepare(user, endpoint, body, semantic=False, reranker=False, idempotency_ke
     return Submission(user=user, endpoint=endpoint, body=body, semantic=bool(semantic), reranker=bool(reranker),
                       queue=lanes.route(endpoint, rows, semantic), call_id=uuid.uuid4().hex,
                       digest=fingerprint(endpoint, body, semantic, reranker),
-                      idempotency_key=idempotency_key or None, waits=waits, facts=facts)
+                      idempotency_key=idempotency_key or None, waits=waits, facts=facts,
+                      work_key=sharing.work_key(endpoint, body, semantic, reranker))
 
 
 def replay(heavy):
@@ -162,6 +166,66 @@ def claimed(heavy):
                 failopen.record(None, ex, 'idempotency claim release', store)
 
 
+SHARE_TRIES = 3  # an identical call may take the work between our look and our claim; look again this often
+
+
+def submit(heavy, throttle):
+    """Serve `heavy`; return (call, admission), call None when admission refused it (its log line is
+    written; nothing was taken or written).
+
+    Identical work serves it when there is some: a warm result or an open leader, with no admission, no
+    lease and no message. Else it is admitted, claims the work (so identical calls join it) and is
+    enqueued. `throttle()` is the view's rate limit: it raises to refuse, and runs once, after the gate
+    and before anything is written.
+    """
+    throttled = False
+    for attempt in range(SHARE_TRIES + 1):
+        config = get_config()
+        found = sharing.find(heavy.work_key, config) if attempt < SHARE_TRIES else None
+        if found is not None:
+            if not throttled:
+                throttle()
+                throttled = True
+            admission = unadmitted(heavy, found.served_as, config)
+            try:
+                call = sharing.attach(new_row(heavy, admission, config), found)
+            except IntegrityError:
+                return idempotency_winner(heavy), None
+            if call is not None:
+                counters.record_decision(admission, heavy.queue.name)
+                return call, admission
+            continue  # the work was cancelled as this call joined it: look again
+        admission = admit(heavy)
+        if admission.refused:
+            return None, admission
+        if not throttled:
+            with holding(admission):
+                throttle()
+            throttled = True
+        if attempt == SHARE_TRIES or sharing.lead(heavy.work_key, heavy.call_id, config):
+            call = enqueue(heavy, admission)
+            if call.pk != heavy.call_id:  # another request with this Idempotency-Key won the race
+                return call, None
+            return call, admission
+        gate.release(admission)  # an identical call took the work meanwhile: share it
+    raise AssertionError('unreachable')  # the last attempt enqueues
+
+
+def unadmitted(heavy, served_as, config):
+    decision = Decision.CACHED if served_as == ServedAs.CACHED else Decision.COALESCED
+    return gate.unadmitted(
+        heavy.user, decision, endpoint=heavy.endpoint, rows=heavy.rows, semantic=heavy.semantic,
+        reranker=heavy.reranker, waits=heavy.waits, queue=heavy.queue.name, draws_on=heavy.queue.draws_on,
+        facts=heavy.facts, token=heavy.call_id, config=config)
+
+
+def idempotency_winner(heavy):
+    winner = replay(heavy)
+    if winner is None:
+        raise IntegrityError(f'Heavy call {heavy.call_id} could not be written')
+    return winner
+
+
 def admit(heavy):
     """The gate's decision for `heavy`, counted; a refusal's log line is written here (it ends now)."""
     admission = gate.admit(
@@ -186,21 +250,15 @@ def holding(admission):
 
 def enqueue(heavy, admission, publish=None):
     """Record the call and publish it; returns the call (another request's, when it won an
-    Idempotency-Key race: compare `call.pk` with `heavy.call_id`)."""
-    config = get_config()
-    now = timezone.now()
-    call = HeavyCall(
-        id=heavy.call_id, owner=heavy.user, endpoint=heavy.endpoint, queue=heavy.queue.name,
-        semantic=heavy.semantic, reranker=heavy.reranker, rows=heavy.rows,
-        priority=TIER_PRIORITY[admission.tier or get_tier(heavy.user)], payload=heavy.body,
-        fingerprint=heavy.digest, idempotency_key=heavy.idempotency_key, admission=admission.to_json(),
-        request_id=heavy.facts.cid or '',
-        created_at=now, expires_at=now + timedelta(seconds=config['queue']['deadline_seconds']))
+    Idempotency-Key race: compare `call.pk` with `heavy.call_id`). A call that isn't enqueued gives its
+    leases and its work's claim back."""
+    call = new_row(heavy, admission)
     try:
-        return lifecycle.enqueue(call, publish)
+        call = lifecycle.enqueue(call, publish)
     except IntegrityError:
         # Another request with the same Idempotency-Key won the race: answer with its call.
         gate.release(admission)
+        sharing.abandon(heavy.work_key, heavy.call_id)
         winner = replay(heavy)
         if winner is None:
             raise
@@ -208,12 +266,29 @@ def enqueue(heavy, admission, publish=None):
     except DATABASE_DOWN as ex:
         # The row couldn't be written (disk full, read-only): nothing was submitted, and that is what failed.
         gate.release(admission)
+        sharing.abandon(heavy.work_key, heavy.call_id)
         end_in_api(admission, heavy, 'not-submitted', f'{type(ex).__name__}: {ex}'[:300])
         raise
     except Exception as ex:
         gate.release(admission)
+        sharing.abandon(heavy.work_key, heavy.call_id)
         end_in_api(admission, heavy, 'not-submitted', f'{type(ex).__name__}: {ex}'[:300])
         raise BrokerUnavailable(ex) from ex
+    counters.record_served(call.queue, ServedAs.RUN)
+    return call
+
+
+def new_row(heavy, admission, config=None):
+    """The call's row, not saved yet: its usage record, with its admission (the leases it holds)."""
+    config = config or get_config()
+    now = timezone.now()
+    return HeavyCall(
+        id=heavy.call_id, owner=heavy.user, endpoint=heavy.endpoint, queue=heavy.queue.name,
+        semantic=heavy.semantic, reranker=heavy.reranker, rows=heavy.rows,
+        priority=TIER_PRIORITY[admission.tier or get_tier(heavy.user)], payload=heavy.body,
+        fingerprint=heavy.digest, work_key=heavy.work_key, idempotency_key=heavy.idempotency_key,
+        admission=admission.to_json(), request_id=heavy.facts.cid or '',
+        created_at=now, expires_at=now + timedelta(seconds=config['queue']['deadline_seconds']))
 
 
 def end_in_api(admission, heavy, state, error=None):

@@ -8,7 +8,8 @@ nothing else would end or run, and ends or sends them through workers.lifecycle:
    same task id, while its deadline hasn't passed;
 3. a running call whose heartbeat is older than `lease_seconds` (its worker is gone) and whose message is
    nowhere on the broker is published again too: the next delivery takes over (lifecycle.start);
-4. the message of a call that ended while queued and is still on a list (a cancel whose discard failed) is
+4. followers still open whose leader ended (its end was cut short before it settled them) end as it did;
+5. the message of a call that ended while queued and is still on a list (a cancel whose discard failed) is
    taken out, so a queue's depth counts only calls that still wait.
 
 One sweep runs at a time across the cluster (a Redis lock that expires by itself). A message that appears
@@ -35,11 +36,12 @@ class SweepReport:
     expired: list = field(default_factory=list)
     resent: list = field(default_factory=list)
     discarded: int = 0
+    settled: int = 0       # followers left open by a leader's end that was cut short
     skipped: bool = False  # another sweep held the lock
 
     def to_json(self):
         return {'expired': len(self.expired), 'resent': len(self.resent), 'discarded': self.discarded,
-                'skipped': self.skipped}
+                'settled': self.settled, 'skipped': self.skipped}
 
 
 def lock(client, seconds):
@@ -68,12 +70,14 @@ def sweep(grace_seconds=None, broker=None):
                   broker or messages.broker())
     finally:
         unlock(client, token)
-    if report.expired or report.resent or report.discarded:
+    if report.expired or report.resent or report.discarded or report.settled:
         logger.info('Sweep: %s', report.to_json())
     return report
 
 
 def run_steps(report, grace_seconds, broker):
+    for leader in lifecycle.unsettled():
+        report.settled += len(lifecycle.settle(leader))
     for call in lifecycle.overdue():
         if lifecycle.end_unstarted(call.pk, State.EXPIRED, purge=True):
             report.expired.append(call.pk)

@@ -20,6 +20,10 @@
 - ending: `cancel` ends a queued call at once (its leases go back now) or a running one (its worker stops
   it and releases its leases once it has stopped: `stopped`); `expire` and `end_unstarted` end a call that
   will never run; `ended` follows every end (the counter, the log line, the completion notice).
+- sharing: identical calls share one run of the work. `join` makes a follower of an open leader (no
+  lease, no message: it follows the leader's state), `serve_cached` answers from a succeeded call's result;
+  a leader's end `settle`s its followers; a cancelled leader with open followers is detached (its owner
+  sees it cancelled; the work is cancelled with its last handle). `unsettled` finds followers left open.
 - upkeep, for the sweep (workers.sweep) and retention (workers.retention): `overdue` and `maybe_lost`
   find the calls nothing else would end or run, `redeliver` publishes again the message of one that lost
   it, `forget_finished` deletes old calls with their results.
@@ -35,13 +39,15 @@ from workers.lifecycle.running import (
     BUSY, ENDED, EXPIRE, RUN, Failure, Start, beat, busy_retry_in, fail, holder_gone, load, note_limiter, start,
     succeed, time_out, worker_name,
 )
+from workers.lifecycle.sharing import join, serve_cached, settle, unsettled
 from workers.lifecycle.upkeep import forget_finished, maybe_lost, overdue, redeliver
 from workers.lifecycle.words import CANCELLED, EXPIRED, FAILED, HARD_LIMIT, SOFT_LIMIT
 
 __all__ = [
     'BUSY', 'CANCELLED', 'ENDED', 'EXPIRE', 'EXPIRED', 'FAILED', 'HARD_LIMIT', 'RUN', 'SOFT_LIMIT', 'Failure', 'Start',
     'admission_of', 'answer', 'beat', 'busy_retry_in', 'cancel', 'discard_message', 'end_unstarted', 'ended',
-    'enqueue', 'error_of', 'expire', 'fail', 'forget_finished', 'holder_gone', 'load', 'log_line', 'maybe_lost',
-    'note_limiter', 'overdue', 'position', 'redeliver', 'result', 'send', 'start', 'stopped', 'stored_result',
-    'succeed', 'taken_over', 'time_out', 'wait', 'wait_stopped', 'worker_name',
+    'enqueue', 'error_of', 'expire', 'fail', 'forget_finished', 'holder_gone', 'join', 'load', 'log_line',
+    'maybe_lost', 'note_limiter', 'overdue', 'position', 'redeliver', 'result', 'send', 'serve_cached', 'settle',
+    'start', 'stopped', 'stored_result', 'succeed', 'taken_over', 'time_out', 'unsettled', 'wait',
+    'wait_stopped', 'worker_name',
 ]

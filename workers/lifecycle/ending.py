@@ -7,6 +7,7 @@ from django.utils import timezone
 from capacity import counters
 from workers import messages, notify
 from workers.celery import app
+from workers.lifecycle import sharing
 from workers.lifecycle.reads import admission_of, log_line
 from workers.models import FINAL_STATES, OPEN_STATES, HeavyCall, State
 
@@ -14,7 +15,45 @@ logger = logging.getLogger('heavy_lanes')
 
 
 def cancel(call):
-    """Cancel a queued or running call; return the state it was cancelled from, or None if it had ended.
+    """Cancel a queued or running call for its owner; return the state it was cancelled from, or None if
+    it had ended (for its owner: a detached call has).
+
+    A handle that shares its work with others (workers.lifecycle.sharing) only lets go of it: a follower is
+    cancelled alone, a leader with open followers is detached. The work is cancelled with its last handle.
+    """
+    if call.detached_at is not None:
+        return None
+    if call.leader_id is not None:
+        return cancel_follower(call)
+    if sharing.open_followers(call.pk):
+        was = call.state
+        if sharing.detach(call):
+            if not sharing.open_followers(call.pk):  # its followers ended meanwhile: so does the work
+                cancel_work(call)
+            return was
+        call.refresh_from_db()  # it ended, or was detached, meanwhile
+        return None if call.finished else cancel_work(call)
+    return cancel_work(call)
+
+
+def cancel_follower(call):
+    """Cancel one follower; when its leader is detached and this was its last open follower, the work."""
+    now = timezone.now()
+    was = call.state
+    if not HeavyCall.objects.filter(pk=call.pk, state__in=OPEN_STATES).update(state=State.CANCELLED,
+                                                                            finished_at=now):
+        call.refresh_from_db()
+        return None
+    call.refresh_from_db()
+    ended(call)
+    leader = HeavyCall.objects.filter(pk=call.leader_id).first()
+    if leader is not None and leader.detached_at is not None and not sharing.open_followers(leader.pk):
+        cancel_work(leader)
+    return was
+
+
+def cancel_work(call):
+    """Cancel the work of a queued or running call; return the state it was cancelled from, or None.
 
     A queued call is cancelled at once: a worker's `start` then finds it cancelled and never runs it, so its
     leases are released here. A running call is stopped where it runs (Celery's revoke with terminate, and
@@ -63,7 +102,15 @@ def stopped(call_id, lease=None):
 
 def wait_stopped(call, seconds):
     """Wait up to `seconds` until no worker runs `call` any more (it ended, or it was cancelled and its work
-    has stopped); True when that happened."""
+    has stopped); True when that happened. For a handle that shared its work: until the work stopped, if it
+    was cancelled with this handle."""
+    if call.leader_id is not None or call.detached_at is not None:
+        work = call.leader if call.leader_id is not None else call
+        work.refresh_from_db(fields=['state', 'heartbeat_at', 'finished_at', 'detached_at'])
+        if work.state != State.CANCELLED:
+            return True  # the work goes on for the others
+        call = work
+
     def stopped_now():
         call.refresh_from_db(fields=['state', 'heartbeat_at', 'finished_at'])
         return call.state in FINAL_STATES and (call.state != State.CANCELLED or call.heartbeat_at is None)
@@ -93,9 +140,9 @@ def end_unstarted(call_id, state, purge=False):
 
 def expire(call):
     """A queued call past its deadline is expired, even before a worker sees its message (which is taken
-    off the broker)."""
+    off the broker). A follower's deadline is its leader's: the leader expires, and its followers with it."""
     if call.state == State.QUEUED and timezone.now() >= call.expires_at:
-        end_unstarted(call.pk, State.EXPIRED, purge=True)
+        end_unstarted(call.leader_id or call.pk, State.EXPIRED, purge=True)
         call.refresh_from_db()
     return call
 
@@ -110,8 +157,13 @@ def discard_message(call):
 
 
 def ended(call, lease=None, count=True):
-    """What follows any end: the counter (once per call: `count`), the log line and the completion notice."""
+    """What follows any end: the counter (once per call: `count`), the log line and the completion notice;
+    for the leader of a work, its followers end the same way and identical calls stop joining it (and are
+    answered from its result, when it succeeded)."""
     if count:
         counters.record_end(call.queue, call.state)
     log_line(call, lease)
     notify.publish(call.pk, call.state)
+    if call.leader_id is None and call.work_key:
+        sharing.settle(call)
+        sharing.release_work(call)

@@ -12,7 +12,7 @@ from capacity.admission import Admission, log_record
 from capacity.logs import emit
 from workers import notify
 from workers.lifecycle.words import CANCELLED, EXPIRED, FAILED
-from workers.models import FINAL_STATES, HeavyCall, State
+from workers.models import HeavyCall, State
 
 logger = logging.getLogger('heavy_lanes')
 
@@ -29,19 +29,24 @@ def stored_result(call_id):
 
 
 def result(call):
-    """The stored result of a succeeded call (the Celery result backend holds it, by task id)."""
-    text = stored_result(call.pk)
+    """The stored result of a succeeded call (the Celery result backend holds it, by task id); a handle
+    that shared its work shows its leader's."""
+    text = stored_result(call.work_id)
     return json.loads(text) if text else None
 
 
 def error_of(call):
     """What a client is told about a call that didn't succeed."""
+    if call.detached_at is not None:
+        return CANCELLED
     return call.error or {State.CANCELLED: CANCELLED, State.EXPIRED: EXPIRED}.get(call.state, FAILED)
 
 
 def answer(call):
     """(status, body) the in-request endpoint would have given for a call that ended: 200 with its result;
     a failure's own status and body; 503 for a call that expired unrun, 409 for one that was cancelled."""
+    if call.detached_at is not None:
+        return 409, {'detail': CANCELLED, 'error_code': 'cancelled'}
     if call.state == State.SUCCEEDED:
         return 200, result(call)
     if call.state == State.FAILED:
@@ -52,10 +57,15 @@ def answer(call):
 
 
 def position(call):
-    """1-based place of a queued call among the queued calls of its queue (priority, then age)."""
-    if call.state != State.QUEUED:
+    """1-based place of a queued call among the queued calls of its queue (priority, then age); a
+    follower's is its leader's (followers take no place: they have no message)."""
+    if call.state != State.QUEUED or call.detached_at is not None:
         return None
-    ahead = HeavyCall.objects.filter(queue=call.queue, state=State.QUEUED).filter(
+    if call.leader_id is not None:
+        call = HeavyCall.objects.filter(pk=call.leader_id).only('queue', 'state', 'priority', 'created_at').first()
+        if call is None or call.state != State.QUEUED:
+            return None
+    ahead = HeavyCall.objects.filter(queue=call.queue, state=State.QUEUED, leader__isnull=True).filter(
         Q(priority__lt=call.priority) | Q(priority=call.priority, created_at__lt=call.created_at)).count()
     return ahead + 1
 
@@ -63,7 +73,7 @@ def position(call):
 # What a waiting request reads again: enough to answer as the task or as the in-request endpoint would.
 
 
-WAIT_FIELDS = ['state', 'started_at', 'finished_at', 'error', 'error_status', 'error_body']
+WAIT_FIELDS = ['state', 'started_at', 'finished_at', 'error', 'error_status', 'error_body', 'detached_at']
 
 
 HOLD_CONNECTION_SECONDS = 1.0
@@ -80,7 +90,7 @@ def wait(call, seconds):
 
     def finished():
         call.refresh_from_db(fields=WAIT_FIELDS)
-        if call.state in FINAL_STATES:
+        if call.finished:
             return True
         if time.monotonic() - started >= HOLD_CONNECTION_SECONDS and not connection.in_atomic_block:
             connection.close()
@@ -108,6 +118,9 @@ def log_line(call, lease=None):
         'run_ms': ms_between(call.started_at, call.finished_at),
         'held_ms': ms_between(call.created_at, call.finished_at) if admission.holding else None,
         'attempts': call.attempts or None,
+        'served_as': call.served_as,
+        'work_id': call.leader_id or None,  # the call whose work (or stored result) answered this one
+        'detached': True if call.detached_at is not None else None,
         'lease_lost': True if (lease is not None and lease.lease_lost) or call.lease_lost else None,
         'error': (lease.error if lease is not None and lease.error else None) or call.limiter_error
         or record.get('error') or (call.error[:300] if call.error else None),

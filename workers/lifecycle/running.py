@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from capacity.config import get_config
 from workers.celery import app
+from workers.lifecycle import sharing
 from workers.lifecycle.ending import ended
 from workers.lifecycle.reads import admission_of
 from workers.lifecycle.words import ERROR_LENGTH, HARD_LIMIT, ROW_WAIT_SECONDS
@@ -93,6 +94,8 @@ def start(call, worker):
         return Start(ENDED, redelivered)
     call.state, call.started_at, call.attempts = State.RUNNING, now, call.attempts + 1
     call.worker, call.heartbeat_at = worker, now
+    if not redelivered:
+        sharing.started(call)
     return Start(RUN, redelivered)
 
 

@@ -4,7 +4,7 @@ import logging
 from datetime import timedelta
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from workers.lifecycle.create import send
@@ -14,20 +14,23 @@ logger = logging.getLogger('heavy_lanes')
 
 
 def overdue(now=None, limit=500):
-    """Queued calls whose queue deadline passed (they will never run), oldest deadline first."""
+    """Queued calls whose queue deadline passed (they will never run), oldest deadline first. Followers
+    are not among them: they end with their leader."""
     now = now or timezone.now()
-    overdue_calls = HeavyCall.objects.filter(state=State.QUEUED, expires_at__lte=now).order_by('expires_at')
+    overdue_calls = HeavyCall.objects.filter(state=State.QUEUED, expires_at__lte=now, leader__isnull=True).order_by(
+        'expires_at')
     return list(overdue_calls[:limit])
 
 
 def maybe_lost(grace_seconds, stale_seconds, now=None, limit=500):
     """Calls that may have lost their message: queued for more than `grace_seconds` and before their
-    deadline, or running with a heartbeat older than `stale_seconds` (their worker is gone)."""
+    deadline, or running with a heartbeat older than `stale_seconds` (their worker is gone). Followers have
+    no message of their own."""
     now = now or timezone.now()
     queued = Q(state=State.QUEUED, created_at__lt=now - timedelta(seconds=grace_seconds), expires_at__gt=now)
     stale = Q(state=State.RUNNING) & (Q(heartbeat_at__isnull=True) |
                                       Q(heartbeat_at__lt=now - timedelta(seconds=stale_seconds)))
-    return list(HeavyCall.objects.filter(queued | stale).order_by('created_at')[:limit])
+    return list(HeavyCall.objects.filter(queued | stale, leader__isnull=True).order_by('created_at')[:limit])
 
 
 def redeliver(call, stale_seconds, now=None):
@@ -54,10 +57,14 @@ def redeliver(call, stale_seconds, now=None):
 def forget_finished(before, limit=500):
     """Delete up to `limit` calls that ended before `before`, with their stored results, in one
     transaction (a call is never left without its result, nor a result without its call); return how many
-    calls were deleted."""
+    calls were deleted. A call whose result other handles show (workers.lifecycle.sharing) is kept until
+    they are old enough too."""
     from django_celery_results.models import TaskResult
+    young_handles = HeavyCall.objects.filter(leader_id=OuterRef('pk')).filter(
+        Q(finished_at__isnull=True) | Q(finished_at__gte=before))
     with transaction.atomic():
         ids = list(HeavyCall.objects.filter(state__in=FINAL_STATES, finished_at__lt=before)
+                   .exclude(Exists(young_handles))
                    .order_by('finished_at').values_list('pk', flat=True)[:limit])
         if ids:
             TaskResult.objects.filter(task_id__in=ids).delete()

@@ -9,6 +9,7 @@ import pytest
 from api.throttles import HeavyRateThrottle
 from capacity.constants import Lane
 from capacity.keys import lane_key
+from tests.integration.calls import distinct
 from tests.integration.workers.conftest import wait_until
 from workers.lifecycle import admission_of
 from workers.models import HeavyCall
@@ -19,9 +20,11 @@ ROWS = [{'name': 'high blood pressure'}, {'name': 'heart attack'}]
 MANY = {'staff': 50, 'core': 50, 'early_access': 50, 'preview': 50}
 
 
-def match(client, source, rows=ROWS, query='semantic=true', **headers):
-    """A polling client's submission (a handle at once): Prefer: respond-async unless the test says."""
+def match(client, source, rows=ROWS, query='semantic=true', same=False, **headers):
+    """A polling client's submission (a handle at once): Prefer: respond-async unless the test says. A
+    work of its own unless `same` (identical calls share one run)."""
     headers.setdefault('HTTP_PREFER', 'respond-async')
+    rows = rows if same else distinct(rows)
     return client.post(f'/concepts/$match/?{query}', {'rows': rows, 'target_repo_url': source}, format='json',
                        **headers)
 
@@ -40,8 +43,8 @@ def test_the_same_idempotency_key_and_payload_return_the_same_handle_and_take_no
         broker, lanes_redis, tiny_source, make_user, api_as):
     user = make_user('core_user')
     client = api_as(user)
-    first = match(client, tiny_source, HTTP_IDEMPOTENCY_KEY='run-1-batch-1')
-    again = match(client, tiny_source, HTTP_IDEMPOTENCY_KEY='run-1-batch-1')
+    first = match(client, tiny_source, same=True, HTTP_IDEMPOTENCY_KEY='run-1-batch-1')
+    again = match(client, tiny_source, same=True, HTTP_IDEMPOTENCY_KEY='run-1-batch-1')
     assert first.status_code == again.status_code == 202
     assert first.json()['id'] == again.json()['id']
     assert user_leases(lanes_redis, user) == 1
@@ -73,7 +76,7 @@ def test_racing_requests_with_one_idempotency_key_get_one_call(
         from django.db import connection
         barrier.wait()
         try:
-            answers.append(match(api_as(user), tiny_source, HTTP_IDEMPOTENCY_KEY='race'))
+            answers.append(match(api_as(user), tiny_source, same=True, HTTP_IDEMPOTENCY_KEY='race'))
         finally:
             connection.close()
     threads = [threading.Thread(target=post) for _ in range(6)]

@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from capacity.constants import Lane
-from capacity.keys import expired_key, lane_id, lane_key
+from capacity.keys import expired_key, lane_id, lane_key, warm_key, work_claim_key
 from capacity.store import LATE_ACQUIRE, Acquired, LaneStore, get_store, use_store
 
 LEASE_MS = 60_000
@@ -149,6 +149,21 @@ def test_release_removes_only_its_own_token_and_a_second_release_is_harmless(sto
         assert holders(redis_client, key) == ['call-2']
     assert store.release(keys, 'call-1') == 0
     assert store.count(keys) == [1, 1, 1]
+
+
+def test_unclaim_removes_a_claim_only_for_its_holder_and_can_leave_a_pointer(store, redis_client):
+    claim, pointer = work_claim_key('w1'), warm_key('w1')
+    redis_client.set(claim, 'call-2', px=LEASE_MS)
+    assert store.unclaim(claim, 'call-1') is False  # another call took it since: left alone
+    assert redis_client.get(claim) == b'call-2'
+    assert store.unclaim(claim, 'call-2', pointer, 1500) is True
+    assert redis_client.get(claim) is None
+    assert redis_client.get(pointer) == b'call-2' and 0 < redis_client.pttl(pointer) <= 1500
+    assert store.unclaim(claim, 'call-2') is False  # a second time: nothing to give up
+    assert store.unclaim(claim, 'call-3', warm_key('w2'), 0) is False
+    assert redis_client.exists(warm_key('w2')) == 0  # no pointer for 0 ms
+    with pytest.raises(redis.ResponseError, match='pointer_ms'):
+        store.run_script('unclaim', [claim, pointer], ['call-2', -1])
 
 
 def test_count_ignores_expired_leases_and_changes_nothing(store, redis_client):

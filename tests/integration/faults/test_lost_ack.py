@@ -6,6 +6,7 @@ import time
 import pytest
 import requests
 
+from tests.integration.calls import distinct
 from tests.integration.workers.conftest import wait_until
 from tests.integration.workers.test_queue import LONG_ROWS
 from workers.models import HeavyCall
@@ -15,7 +16,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
 def long_call(url, token, source):
     response = requests.post(f'{url}/concepts/$match/?semantic=true&reranker=true', json={
-        'rows': LONG_ROWS, 'target_repo_url': source, 'limit': 100},
+        'rows': distinct(LONG_ROWS), 'target_repo_url': source, 'limit': 100},
         headers={'Authorization': f'Token {token}', 'Prefer': 'respond-async'}, timeout=30)
     assert response.status_code == 202, response.content
     return response.json()['id']

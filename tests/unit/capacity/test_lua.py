@@ -8,17 +8,31 @@ from capacity.store import SCRIPTS, read_script
 PRELUDE = re.compile(r'^-- prelude .*?^-- end prelude$', re.MULTILINE | re.DOTALL)
 
 
-@pytest.mark.parametrize('name', SCRIPTS)
-def test_each_script_opens_with_a_header_naming_its_data_keys_argv_and_return(name):
-    source = read_script(name)
+LANE_SCRIPTS = ('acquire', 'renew', 'release', 'count')  # the scripts of the lanes' sorted sets
+
+
+def header_of(name):
     header = []
-    for line in source.splitlines():
+    for line in read_script(name).splitlines():
         if not line.startswith('--'):
             break
         header.append(line)
-    text = '\n'.join(header)
+    return header
+
+
+@pytest.mark.parametrize('name', SCRIPTS)
+def test_each_script_opens_with_a_header_naming_its_data_keys_and_return(name):
+    header = header_of(name)
     assert header[0].startswith(f'-- {name.upper()}:')
-    for word in ('sorted set', 'member = lease token', 'score', 'epoch ms', 'KEYS[1..n]', 'Returns'):
+    text = '\n'.join(header)
+    for word in ('Data:', 'KEYS[1', 'Returns'):
+        assert word in text, f'{name}.lua header lacks {word!r}'
+
+
+@pytest.mark.parametrize('name', LANE_SCRIPTS)
+def test_each_lane_script_names_the_lanes_data(name):
+    text = '\n'.join(header_of(name))
+    for word in ('sorted set', 'member = lease token', 'score', 'epoch ms', 'KEYS[1..n]'):
         assert word in text, f'{name}.lua header lacks {word!r}'
 
 
