@@ -69,3 +69,21 @@ def test_a_wait_reads_the_row_when_no_notice_comes(monkeypatch):
     started = time.monotonic()
     assert notify.wait_for(uuid.uuid4().hex, lambda: bool(done), 5)
     assert time.monotonic() - started < 1.0
+
+
+def test_the_hub_outlives_a_connection_closed_under_it(monkeypatch):
+    """A pub/sub connection closed by another thread (connections.forget) raises ValueError, not a Redis
+    error, in the hub's read: the hub reconnects instead of dying."""
+    hub = notify.Hub()
+    listen, failures = hub.listen, []
+
+    def closed_once():
+        if not failures:
+            failures.append(1)
+            raise ValueError('I/O operation on closed file.')
+        return listen()
+    monkeypatch.setattr(hub, 'listen', closed_once)
+    monkeypatch.setattr(notify, 'RECONNECT_SECONDS', 0.05)
+    event = hub.watch('x')
+    assert hub.connected.wait(5) and failures and hub.thread.is_alive()
+    hub.unwatch('x', event)
