@@ -7,6 +7,15 @@ caller waits at most CAPACITY_REDIS_DEADLINE_SECONDS), the skip window after an 
 that wait for Redis to answer again (capacity.releases). `get_store()` is this process's store; tests give
 their own with `use_store(LaneStore(client))`.
 
+Where an operation runs. What no socket timeout bounds is making a connection: a DNS lookup, a walk through
+the Sentinels, a connect. So connecting is done on the Redis thread, and the caller waits for it at most the
+deadline. An operation on a connection that is already established is bounded by its socket timeout alone
+(common.connections sets it to at most the deadline), so lane operations run on their caller's thread over one of the store's
+established connections (`operate`): no thread hop on the path of an admission. An operation that finds
+none idle runs on the Redis thread over a new connection, which it then leaves to the next caller; one that
+fails on its connection closes it, so the next one connects again on the thread. Up to MAX_READY
+connections per process are kept; beyond that operations run on the thread over the shared pool.
+
 Errors: the store raises, it never decides to fail open (capacity.gate and capacity.lease do). It raises:
 - `redis.TimeoutError` when Redis gave no answer within the deadline, or ran an acquire after its caller
   stopped waiting (no lease was taken then);
@@ -31,6 +40,7 @@ from common.process import PerProcess
 
 SCRIPTS = ('acquire', 'renew', 'release', 'count', 'unclaim')
 SCAN_COUNT = 100
+MAX_READY = 32  # established connections per process that lane operations use on their caller's thread
 NOT_AFTER_SLACK_SECONDS = 2  # room for the clocks of this host and Redis to differ
 LATE_ACQUIRE = 'Redis ran the acquire after its caller stopped waiting; no lease was taken'
 
@@ -68,6 +78,8 @@ class LaneStore:
         self._scripts = {}  # name -> redis.commands.core.Script, registered on `_scripts_client`
         self._scripts_client = None
         self._thread = None
+        self._ready = []  # idle established single-connection clients, newest last
+        self._opened = 0  # ready clients that exist (idle or in use)
         self.unavailable_until = 0.0  # time.monotonic() before which Redis is skipped
         self.releases = DeferredReleases(self)
 
@@ -94,8 +106,9 @@ class LaneStore:
                 thread = self._thread
         return thread
 
-    def script(self, name, client):
-        """The script `name` registered on `client` (again when the client changed)."""
+    def script(self, name):
+        """The script `name` (a redis-py Script: it runs on any client of this Redis)."""
+        client = self.client
         with self._lock:
             if self._scripts_client is not client:
                 self._scripts, self._scripts_client = {}, client
@@ -133,22 +146,97 @@ class LaneStore:
                 raise redis.TimeoutError(f'no answer from Redis within {deadline} s') from None
             return job.result()
 
-    def run_script(self, name, keys, args):
-        """Run one Lua script (on the Redis thread: called through `call`)."""
-        client = self.client
-        return self.script(name, client)(keys=keys, args=args, client=client)
+    def operate(self, op, *args):
+        """Run the lane operation `op(client, *args)`: on this thread over an established connection when
+        one is idle, else on the Redis thread over a new one (see the module docstring). Either way it
+        costs at most the deadline."""
+        try:
+            client = self._ready.pop()
+        except IndexError:
+            client = None
+        if client is not None and not self._sound(client):
+            self._discard(client)
+            client = None
+        if client is None:
+            value, client = self.call(self._connect_and_run, op, args)
+            if client is not None:
+                self._ready.append(client)
+            return value
+        try:
+            value = op(client, *args)
+        except redis.ResponseError:
+            self._ready.append(client)  # Redis answered: the connection is sound
+            raise
+        except redis.TimeoutError as ex:
+            self._discard(client)
+            deadline = settings.CAPACITY_REDIS_DEADLINE_SECONDS
+            if deadline < settings.CAPACITY_REDIS_TIMEOUT_SECONDS:
+                raise redis.TimeoutError(f'no answer from Redis within {deadline} s') from ex
+            raise
+        except BaseException:
+            self._discard(client)
+            raise
+        self._ready.append(client)
+        return value
+
+    def _connect_and_run(self, op, args):
+        """On the Redis thread: `op` over a new established connection, returned with the value for the
+        caller to keep; over the shared pool when MAX_READY are open."""
+        with self._lock:
+            opening = self._opened < MAX_READY
+            if opening:
+                self._opened += 1
+        if not opening:
+            return op(self.client, *args), None
+        try:
+            client = redis.Redis(connection_pool=self.client.connection_pool, single_connection_client=True)
+        except BaseException:
+            with self._lock:
+                self._opened -= 1
+            raise
+        try:
+            return op(client, *args), client
+        except redis.ResponseError:
+            self._ready.append(client)  # Redis answered: the connection is sound
+            raise
+        except BaseException:
+            self._discard(client)
+            raise
+
+    @staticmethod
+    def _sound(client):
+        """Whether an idle client's connection is still usable: nothing unread, not closed by the server
+        (redis-py's own check before it hands out a pooled connection; a poll, no round trip)."""
+        try:
+            return not client.connection.can_read(timeout=0)
+        except Exception:  # noqa: BLE001 - closed or broken
+            return False
+
+    def _discard(self, client):
+        """Close a ready client whose connection failed (or may have data left unread)."""
+        with self._lock:
+            self._opened -= 1
+        try:
+            client.connection.disconnect()
+            client.close()
+        except Exception:  # noqa: BLE001 - closing a broken connection
+            pass
+
+    def run_script(self, client, name, keys, args):
+        """Run one Lua script on `client` (called through `operate`)."""
+        return self.script(name)(keys=keys, args=args, client=client)
 
     def run_scan(self, pattern):
         keys = self.client.scan_iter(match=pattern, count=SCAN_COUNT)
         return sorted({key.decode() if isinstance(key, bytes) else key for key in keys})
 
-    def run_command(self, name, args, kwargs):
-        """One plain Redis command (on the Redis thread: called through `call`)."""
-        return getattr(self.client, name)(*args, **kwargs)
+    def run_command(self, client, name, args, kwargs):
+        """One plain Redis command on `client` (called through `operate`)."""
+        return getattr(client, name)(*args, **kwargs)
 
     def command(self, name, *args, **kwargs):
         """Run one plain Redis command within the deadline, e.g. command('set', key, value, nx=True, ex=10)."""
-        return self.call(self.run_command, name, args, kwargs)
+        return self.operate(self.run_command, name, args, kwargs)
 
     # --- operations
 
@@ -166,7 +254,7 @@ class LaneStore:
         if not_after_ms is None:
             not_after_ms = get_not_after_ms()
         args = [token, int(lease_ms), '1' if force else '0', int(not_after_ms), *limits]
-        result = self.call(self.run_script, 'acquire', [*keys, expired_key()], args)
+        result = self.operate(self.run_script, 'acquire', [*keys, expired_key()], args)
         if int(result[0]) == -1:
             raise redis.TimeoutError(LATE_ACQUIRE)
         return Acquired(taken=bool(int(result[0])), counts=tuple(int(count) for count in result[1:]))
@@ -176,21 +264,21 @@ class LaneStore:
         keys = list(keys)
         if not keys:
             raise ValueError('renew needs at least one key')
-        return int(self.call(self.run_script, 'renew', keys, [token, int(lease_ms)]))
+        return int(self.operate(self.run_script, 'renew', keys, [token, int(lease_ms)]))
 
     def release(self, keys, token):
         """Remove the leases of `token`; return how many were removed (0 on a second release)."""
         keys = list(keys)
         if not keys:
             return 0
-        return int(self.call(self.run_script, 'release', keys, [token]))
+        return int(self.operate(self.run_script, 'release', keys, [token]))
 
     def count(self, keys):
         """Each lane's unexpired leases, in `keys` order (nothing is pruned)."""
         keys = list(keys)
         if not keys:
             return []
-        return [int(count) for count in self.call(self.run_script, 'count', keys, [])]
+        return [int(count) for count in self.operate(self.run_script, 'count', keys, [])]
 
     def unclaim(self, key, token, pointer_key=None, pointer_ms=0):
         """Delete the claim `key` if `token` still holds it (True when it did); with `pointer_key` and
@@ -198,7 +286,7 @@ class LaneStore:
         keys, args = [key], [token]
         if pointer_key is not None:
             keys, args = [key, pointer_key], [token, int(pointer_ms)]
-        return bool(int(self.call(self.run_script, 'unclaim', keys, args)))
+        return bool(int(self.operate(self.run_script, 'unclaim', keys, args)))
 
     def find_keys(self, lane):
         """Every key of a lane that has parts (e.g. each host's api_heavy_task key), sorted."""

@@ -1,13 +1,14 @@
-"""The per-process daemon thread that runs every capacity Redis operation.
+"""The per-process daemon thread that runs the capacity Redis operations that connect (and the publishes).
 
 A caller waits for its operation at most a deadline (capacity.store), because socket timeouts don't bound a
 DNS lookup or a walk through the Sentinels. The thread is a daemon so an operation stuck in DNS never holds
 up a process's exit (a ThreadPoolExecutor thread would: the interpreter joins those at exit). Its queue is
-short: when it is full, the caller fails at once instead of waiting behind a stuck operation.
+bounded: when it is full, the caller fails at once instead of waiting behind a stuck operation.
 
 The same thread class runs the broker's publishes (workers.publisher), for the same reason.
 
-The hand-off is on the path of every admission, so it is built from the cheapest primitives CPython has:
+The lane store hands it only what needs connecting (capacity.store.LaneStore.operate); the hand-off is
+still on the path of every broker publish, so it is built from the cheapest primitives CPython has:
 a C `SimpleQueue` for the jobs and, per job, two plain locks instead of a `concurrent.futures.Future` (whose
 Condition allocates and notifies waiter locks in Python). `Job` keeps the part of the Future interface the
 callers use: result(timeout), cancel(), done(), running(). bench/admission.py measures the difference.
@@ -20,7 +21,10 @@ from concurrent.futures import CancelledError
 
 import redis
 
-MAX_QUEUED = 8
+# Room for every thread of an API process (API_THREADS, 40 by default) to wait for a connection at once: a
+# burst of calls into a process that has no established connection yet must not find the thread "busy"
+# (that fails the call open and opens the skip window). A stuck thread still costs each caller the deadline.
+MAX_QUEUED = 64
 
 QUEUED, RUNNING, FINISHED, CANCELLED = 'queued', 'running', 'finished', 'cancelled'
 

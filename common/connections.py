@@ -33,9 +33,11 @@ class Timeouts:
 
 
 def lanes_timeouts():
-    """The limiter's own: short, and set by CAPACITY_REDIS_TIMEOUT_SECONDS (LIMITER.md §2.6)."""
+    """The limiter's own: short, and set by CAPACITY_REDIS_TIMEOUT_SECONDS (LIMITER.md §2.6). A read never
+    outlasts the deadline either, since lane operations on an established connection run on their
+    caller's thread with nothing else to stop them (capacity.store)."""
     seconds = settings.CAPACITY_REDIS_TIMEOUT_SECONDS
-    return Timeouts(seconds, seconds)
+    return Timeouts(min(seconds, settings.CAPACITY_REDIS_DEADLINE_SECONDS), seconds)
 
 
 # What each connection is for, and how long it may wait for Redis (seconds).

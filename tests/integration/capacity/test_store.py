@@ -163,7 +163,7 @@ def test_unclaim_removes_a_claim_only_for_its_holder_and_can_leave_a_pointer(sto
     assert store.unclaim(claim, 'call-3', warm_key('w2'), 0) is False
     assert redis_client.exists(warm_key('w2')) == 0  # no pointer for 0 ms
     with pytest.raises(redis.ResponseError, match='pointer_ms'):
-        store.run_script('unclaim', [claim, pointer], ['call-2', -1])
+        store.operate(store.run_script, 'unclaim', [claim, pointer], ['call-2', -1])
 
 
 def test_count_ignores_expired_leases_and_changes_nothing(store, redis_client):
@@ -233,7 +233,7 @@ def test_calls_that_make_no_sense_are_refused_before_they_take_anything(store, r
     assert store.count([]) == []
     # The script checks its own arguments too: a lease of 0 ms would be a lease that never counts.
     with pytest.raises(redis.ResponseError, match='lease_ms > 0'):
-        store.call(store.run_script, 'acquire', [key, expired_key()], ['call-1', 0, '0', 2**50, 4])
+        store.operate(store.run_script, 'acquire', [key, expired_key()], ['call-1', 0, '0', 2**50, 4])
     with pytest.raises(redis.ResponseError, match='one limit per lane'):
-        store.call(store.run_script, 'acquire', [key, expired_key()], ['call-1', LEASE_MS, '0', 2**50])
+        store.operate(store.run_script, 'acquire', [key, expired_key()], ['call-1', LEASE_MS, '0', 2**50])
     assert not redis_client.exists(key)

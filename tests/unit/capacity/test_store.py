@@ -102,15 +102,15 @@ def test_each_store_has_its_own_process_state(settings):
     settings.CAPACITY_REDIS_RETRY_SECONDS = 15
     first, second = fakeredis.FakeRedis(), fakeredis.FakeRedis()
     store = use_store(LaneStore(first))
-    script = store.script('count', first)
+    script = store.script('count')
     thread = store.thread
     store.mark_unavailable()
     other = use_store(LaneStore(second))
     assert get_store() is other and other.client is second
     assert other.is_available()
     assert other.thread is not thread
-    assert other.script('count', second) is not script
-    assert other.script('count', second) is other.script('count', second)
+    assert other.script('count') is not script
+    assert other.script('count') is other.script('count')
 
 
 def test_the_client_is_built_once_from_settings(settings):
