@@ -75,11 +75,11 @@ class BareRoundTripView(APIView):
 
     def post(self, request):
         from concepts import services
-        body = services.validate_match_body(request.data)
+        body = services.validate_match(request.data, request.query_params)
         semantic = request.query_params.get('semantic', '').lower() in TRUTHY
         reranker = request.query_params.get('reranker', '').lower() in TRUTHY
         interval = float(request.query_params.get('interval', DEFAULT_INTERVAL))
-        queue = route(MATCH, len(body['rows']), semantic).name
+        queue = route(MATCH, len(body['body']['rows']), semantic).name
         result = bench_match.apply_async(args=[body, semantic, reranker], queue=queue).get(
             timeout=GET_TIMEOUT, interval=interval)
         return Response({'state': 'succeeded', 'result': result})

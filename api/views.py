@@ -118,8 +118,21 @@ REFUSAL = inline_serializer('CapacityRefusal', {
     'detail': serializers.CharField(), 'error_code': serializers.CharField(), 'scope': serializers.CharField(),
     'paused': serializers.BooleanField(), 'retry_after': serializers.IntegerField()})
 ERROR = inline_serializer('Error', {'detail': serializers.JSONField(), 'error_code': serializers.CharField()})
+SEARCH_META = inline_serializer('SearchMeta', {
+    'search_score': serializers.FloatField(), 'search_rerank_score': serializers.FloatField(allow_null=True),
+    'search_confidence': serializers.CharField(), 'search_highlight': serializers.DictField(),
+    'match_type': serializers.ChoiceField(choices=['very_high', 'high', 'medium', 'low']),
+    'search_normalized_score': serializers.FloatField(), 'algorithm': serializers.CharField()})
+MATCHED_CONCEPTS = inline_serializer('MatchedConcept', {
+    'id': serializers.CharField(), 'type': serializers.CharField(), 'url': serializers.CharField(),
+    'version_url': serializers.CharField(), 'retired': serializers.BooleanField(),
+    'display_name': serializers.CharField(), 'search_meta': SEARCH_META}, many=True)
+MATCH_ENTRY = inline_serializer('MatchEntry', {
+    'row': serializers.DictField(), 'results': MATCHED_CONCEPTS,
+    'map_config': serializers.ListField(child=serializers.DictField()), 'filter': serializers.DictField()},
+    many=True)
+RERANKED_ROWS = {'type': 'array', 'items': {'type': 'object', 'additionalProperties': True}}
 HEAVY_RESPONSES = {
-    200: OpenApiResponse(TASK, description='Waited (Prefer: wait=N) and the call finished.'),
     202: OpenApiResponse(HANDLE, description='Queued: poll the Location (/tasks/<id>/).'),
     400: OpenApiResponse(ERROR, description='Invalid body; `detail` names the field.'),
     422: OpenApiResponse(ERROR, description='Idempotency-Key reused with another payload.'),
@@ -135,6 +148,14 @@ HEAVY_PARAMETERS = [
     OpenApiParameter('X-OCL-Event-Metadata', OpenApiTypes.STR, OpenApiParameter.HEADER,
                      description='JSON object; `"capacity_aware": "true"` opts in to enforced 429s.'),
 ]
+
+
+def with_count(response):
+    """OCL's `num_returned` header on a `$match` answer: the candidates in it, all rows together."""
+    if isinstance(response.data, list):
+        response['num_returned'] = str(sum(len(entry.get('results') or []) for entry in response.data
+                                           if isinstance(entry, dict)))
+    return response
 
 
 def accepted(call):
@@ -211,7 +232,7 @@ class HeavyCallView(APIView):
                     waited = wait
         if call.finished and not preferences.respond_async:
             code, body = lifecycle.answer(call)
-            response = Response(body, status=code, headers={'Content-Location': task_url(call.pk)})
+            response = with_count(Response(body, status=code, headers={'Content-Location': task_url(call.pk)}))
             applied = preferences.applied(waited or wait)
             if applied:
                 response['Preference-Applied'] = applied
@@ -240,20 +261,26 @@ class MatchView(HeavyCallView):
         operation_id='concepts_match',
         request=inline_serializer('MatchRequest', {
             'rows': serializers.ListField(child=serializers.DictField()),
-            'target_repo_url': serializers.CharField(), 'limit': serializers.IntegerField(required=False)}),
-        parameters=[OpenApiParameter('semantic', OpenApiTypes.BOOL), OpenApiParameter('reranker', OpenApiTypes.BOOL),
-                    *HEAVY_PARAMETERS],
-        responses=HEAVY_RESPONSES)
+            'target_repo_url': serializers.CharField(required=False),
+            'target_repo': serializers.DictField(required=False),
+            'map_config': serializers.ListField(child=serializers.DictField(), required=False),
+            'filter': serializers.DictField(required=False)}),
+        parameters=[OpenApiParameter(name, OpenApiTypes.BOOL) for name in ('semantic', 'reranker', 'bestMatch',
+                                                                          'verbose')]
+        + [OpenApiParameter(name, OpenApiTypes.INT) for name in ('limit', 'offset', 'page')] + HEAVY_PARAMETERS,
+        responses={200: OpenApiResponse(MATCH_ENTRY, description=(
+            "OCL's answer, one entry per row: in the request for a lexical call, else once the call ended "
+            'within the wait (Content-Location names its task).')), **HEAVY_RESPONSES})
     def post(self, request):
         from concepts import services as service
-        body = service.validate_match_body(request.data)
+        payload = service.validate_match(request.data, request.query_params)
         semantic = request.query_params.get('semantic', '').lower() in TRUTHY
         reranker = request.query_params.get('reranker', '').lower() in TRUTHY
         if not semantic and not reranker:
             # Lexical without rerank is cheap: no gate, no queue, no capacity headers.
             self.check_rate_limits()
-            return Response(service.run_match(body, semantic=False, reranker=False))
-        return self.submit(request, body, semantic, reranker)
+            return with_count(Response(service.run_match(payload, semantic=False, reranker=False)))
+        return self.submit(request, payload, semantic, reranker)
 
 
 class RerankView(HeavyCallView):
@@ -264,8 +291,13 @@ class RerankView(HeavyCallView):
     @extend_schema(
         operation_id='concepts_rerank',
         request=inline_serializer('RerankRequest', {
-            'q': serializers.CharField(), 'rows': serializers.ListField(child=serializers.DictField())}),
-        parameters=HEAVY_PARAMETERS, responses=HEAVY_RESPONSES)
+            'q': serializers.CharField(), 'rows': serializers.ListField(child=serializers.DictField()),
+            'name_key': serializers.CharField(required=False), 'score_key': serializers.CharField(required=False),
+            'encoder_model': serializers.CharField(required=False)}),
+        parameters=HEAVY_PARAMETERS,
+        responses={200: OpenApiResponse(RERANKED_ROWS, description=(
+            "OCL's answer: the rows, best first, each with its score (at search_meta.<score_key> when the row "
+            'has search_meta, else at <score_key>).')), **HEAVY_RESPONSES})
     def post(self, request):
         from concepts import services as service
         body = service.validate_rerank_body(request.data)

@@ -120,11 +120,11 @@ def main():
                 if call_id:
                     heavy_ids.append(call_id)
         # The domain work alone, in this process (the index loaded once first).
-        services.run_match(body, semantic=True, reranker=False)
+        services.run_match(services.validate_match(body), semantic=True, reranker=False)
         work = []
         for _ in range(args.calls):
             started = time.perf_counter()
-            services.run_match(body, semantic=True, reranker=False)
+            services.run_match(services.validate_match(body), semantic=True, reranker=False)
             work.append(time.perf_counter() - started)
         phases = call_phases(HeavyCall.objects.filter(pk__in=heavy_ids))
 

@@ -103,7 +103,7 @@ def run_wrk(wrk, url, script, connections, seconds):
 # (label, module, class or None, function): the steps of a heavy submission, in the order they run.
 SECTIONS = (
     ('authenticate (token, 1 query)', 'rest_framework.authentication', 'TokenAuthentication', 'authenticate'),
-    ('validate body (find_source, cached per process)', 'concepts.services', None, 'validate_match_body'),
+    ('validate body (find_source, cached per process)', 'concepts.services', None, 'validate_match'),
     ('fingerprint (sha256 of the body)', 'workers.submission', None, 'fingerprint'),
     ('gate acquire (1 EVALSHA via the Redis thread)', 'capacity.gate', None, 'admit'),
     ('decision counter (gathered; one flush job at a time)', 'capacity.counters', None, 'record_decision'),

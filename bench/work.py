@@ -52,10 +52,10 @@ def bodies(source, rows, count, offset=0):
 def floor(source, rows, calls):
     from concepts import services
     work = bodies(source, rows, calls, offset=7)
-    services.run_match(work[0], semantic=True, reranker=False)  # load the index
+    services.run_match(services.validate_match(work[0]), semantic=True, reranker=False)  # load the index
     started = time.perf_counter()
     for body in work:
-        services.run_match(body, semantic=True, reranker=False)
+        services.run_match(services.validate_match(body), semantic=True, reranker=False)
     seconds = time.perf_counter() - started
     return {'rows': rows * calls, 'seconds': round(seconds, 3), 'rows_per_s': round(rows * calls / seconds, 1),
             'ms_per_call': round(seconds / calls * 1000, 2)}

@@ -2,38 +2,32 @@
 
 Plain functions of JSON-ready values; nothing here knows about lanes, capacity or Celery.
 
-``validate_match_body(data) -> dict``
-    Check a `$match` body and return it cleaned: ``{"rows": [...], "target_repo_url": <canonical url>,
-    "limit": int}``. Raises `rest_framework.exceptions.ValidationError` whose detail names each bad field
-    (``rows``, ``target_repo_url``, ``limit``, or ``non_field_errors`` when the body is not an object).
-    Needs the database (the source must be loaded). Cleaning is idempotent: a cleaned body validates to
-    itself, so it can be stored, queued as JSON, and validated again by the worker.
+``validate_match(data, query) -> dict``
+    Check a `$match` body and its query parameters (OCL's: ``limit``, ``offset``, ``page``, ``bestMatch``,
+    ``verbose``; docs/api.md lists the rest, accepted and not applied) and return the call's payload
+    ``{"body": {"rows", "target_repo_url": <canonical url>, "map_config", "filter"}, "params": {"limit",
+    "start", "best_match", "verbose"}}``. ``target_repo`` (``owner``, ``source``, ``source_version``) may
+    stand in for ``target_repo_url``, as in OCL. Raises `rest_framework.exceptions.ValidationError` whose
+    detail names each bad field (``rows``, ``target_repo_url``, ``limit``, ...). Needs the database (the
+    source must be loaded). Idempotent: a payload validates to itself (`validate_payload`), so it can be
+    stored, queued as JSON, and validated again by the worker.
 
 ``validate_rerank_body(data) -> dict``
-    Check a `$rerank` body: ``{"q": str, "rows": [...]}``; each row needs a non-empty ``name`` and may
-    carry ``synonyms`` (a list of strings) that are scored too. No database.
+    Check a `$rerank` body: ``{"q": str, "rows": [object, ...], "name_key", "score_key"}`` (OCL's defaults
+    ``display_name`` and ``search_rerank_score``). No database.
 
-``run_match(body, semantic: bool, reranker: bool) -> dict``
-    Validate, then match each row's ``name`` against the source::
+``run_match(payload, semantic: bool, reranker: bool) -> list``
+    Validate, then match each row's ``name`` against the source: OCL's answer, one entry per input row in
+    input order, ``{"row": <the row as sent>, "results": [<concept>, ...], "map_config", "filter"}``, each
+    concept in OCL's shape with its ``search_meta`` (concepts.ocl). Candidates are best first by
+    ``search_score``; equal scores (at 6 decimals) are ordered by code. ``semantic=False`` retrieves with
+    BM25, ``semantic=True`` by cosine similarity of embeddings (``CONCEPTS_EMBEDDER``); ``reranker=True``
+    retrieves ``max(start + limit, pipeline.RERANK_DEPTH)`` candidates and rescores them with the reranker
+    (``CONCEPTS_RERANKER``; scores in [0, 1]).
 
-        {"results": [{"row": <input row>, "candidates": [
-             {"code", "name", "concept_class", "score": float, "matched": <the name or synonym that matched>},
-             ...]}, ...],                      # one result per input row, in input order
-         "source": "/orgs/<org>/sources/<mnemonic>/", "source_version": str,
-         "algorithm": "bm25" | "semantic:<embedder>", plus "+rerank:<reranker>" when reranked}
-
-    Candidates are best first, at most ``limit``; equal scores (at 6 decimals) are ordered by code.
-    ``semantic=False`` retrieves with BM25 (scores unbounded, > 0: a candidate shares a word with the row);
-    ``semantic=True`` by cosine similarity of embeddings (``CONCEPTS_EMBEDDER``; scores in [-1, 1]).
-    ``reranker=True`` retrieves ``max(limit, pipeline.RERANK_DEPTH)`` (25) candidates, rescores them with
-    the reranker (``CONCEPTS_RERANKER``; scores in [0, 1]) and keeps the best ``limit``.
-
-``run_rerank(body) -> dict``
-    Validate, then score each row against ``q``::
-
-        {"q": str, "rows": [<input row with "score" set>, ...], "algorithm": "rerank:<reranker>"}
-
-    Rows are best first; equal scores keep their input order.
+``run_rerank(body) -> list``
+    Validate, then score each row's ``name_key`` text against ``q``: OCL's answer, the rows best first,
+    each with its score set (concepts.ocl.scored_row); equal scores keep their input order.
 
 Errors: `ValidationError` for bad input, including a source removed between the view's validation and
 the run (the run validates again); `concepts.errors.ConceptsError` subclasses for configuration problems
@@ -46,6 +40,7 @@ import time
 from django.conf import settings
 from rest_framework.exceptions import ValidationError
 
+from concepts import ocl
 from concepts.matching import store
 from concepts.matching.embedders import DEFAULT_EMBEDDER
 from concepts.matching.pipeline import match
@@ -56,8 +51,10 @@ from concepts.models import Source
 MAX_ROWS = 1000            # rows per $match or $rerank body
 MAX_TEXT_CHARS = 1000      # characters in one row's name (and in q, and in each synonym)
 MAX_SYNONYMS = 100         # synonyms per $rerank row
-DEFAULT_LIMIT = 5
+DEFAULT_LIMIT = 1           # OCL's $match default
 MAX_LIMIT = 100
+MAX_WINDOW = 1000          # offset + limit
+TRUTHY = ('true', '1', 'yes', 'on')
 
 _SOURCE_URL = re.compile(
     r'^/?orgs/(?P<org>[^/\s]+)/sources/(?P<mnemonic>[^/\s]+)(?:/(?P<version>[^/\s]+))?/?$')
@@ -77,7 +74,7 @@ def reranker_name():
 
 # --- validation -------------------------------------------------------------------------------------------
 
-def _check_rows(rows, errors, allow_synonyms):
+def _check_rows(rows, errors, named=True):
     if not isinstance(rows, list) or not rows:
         errors['rows'] = ['Invalid or missing "rows" in request body.']
         return
@@ -86,17 +83,14 @@ def _check_rows(rows, errors, allow_synonyms):
         return
     problems = []
     for number, row in enumerate(rows):
-        name = row.get('name') if isinstance(row, dict) else None
-        if not isinstance(name, str) or not name.strip():
-            problems.append(f'Row {number}: each row must be an object with a non-empty "name" string.')
-        elif len(name) > MAX_TEXT_CHARS:
-            problems.append(f'Row {number}: "name" is longer than {MAX_TEXT_CHARS} characters.')
-        elif allow_synonyms and 'synonyms' in row:
-            synonyms = row['synonyms']
-            if (not isinstance(synonyms, list) or len(synonyms) > MAX_SYNONYMS
-                    or not all(isinstance(s, str) and len(s) <= MAX_TEXT_CHARS for s in synonyms)):
-                problems.append(f'Row {number}: "synonyms" must be a list of at most {MAX_SYNONYMS} strings '
-                                f'of at most {MAX_TEXT_CHARS} characters.')
+        if not isinstance(row, dict):
+            problems.append(f'Row {number}: each row must be an object.')
+        elif named:
+            name = row.get('name')
+            if not isinstance(name, str) or not name.strip():
+                problems.append(f'Row {number}: each row must be an object with a non-empty "name" string.')
+            elif len(name) > MAX_TEXT_CHARS:
+                problems.append(f'Row {number}: "name" is longer than {MAX_TEXT_CHARS} characters.')
         if len(problems) >= 10:  # enough to fix the client; the rest are probably the same mistake
             break
     if problems:
@@ -125,22 +119,76 @@ def source_version(url):
 _known_sources = {}  # url as sent -> (monotonic expiry, canonical url): sources the API found recently
 
 
-def validate_match_body(data):
-    """The cleaned `$match` body, or ValidationError naming the fields.
+def _whole(value, name, low, high, errors):
+    """`value` (a query string or a JSON number) as an int in low..high, or None with errors[name] set."""
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdecimal():
+        value = int(value)  # ASCII digits only: '²' and '①' are digits to str.isdigit, not to int()
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        errors[name] = [f'"{name}" must be an integer from {low} to {high}.']
+        return None
+    return value
+
+
+def parse_match_params(query, body_limit=None):
+    """The `$match` query parameters that change its answer, checked: {"limit", "start", "best_match",
+    "verbose"}. `limit` comes from the query string, as in OCL (a `limit` in the body is read when the
+    query has none); `offset`, else `page`, sets the first candidate returned."""
+    query = query or {}
+    errors = {}
+    limit = query.get('limit')
+    if limit in (None, ''):
+        limit = DEFAULT_LIMIT if body_limit is None else body_limit
+    limit = _whole(limit, 'limit', 1, MAX_LIMIT, errors)
+    offset = query.get('offset')
+    start = _whole(offset, 'offset', 0, MAX_WINDOW, errors) if offset not in (None, '') else None
+    page = query.get('page')
+    page = _whole(page, 'page', 1, MAX_WINDOW, errors) if page not in (None, '') else 1
+    if not errors and start is None:
+        start = (page - 1) * limit
+    if not errors and start + limit > MAX_WINDOW:
+        errors['offset'] = [f'offset (or page) and limit reach past candidate {MAX_WINDOW}.']
+    if errors:
+        raise ValidationError(errors)
+    return {'limit': limit, 'start': start, 'best_match': _truthy(query.get('bestMatch')),
+            'verbose': _truthy(query.get('verbose'))}
+
+
+def _truthy(value):
+    return isinstance(value, str) and value.strip().lower() in TRUTHY or value is True
+
+
+def validate_match(data, query=None):
+    """The payload of a `$match` call (body and parameters), or ValidationError naming the fields.
 
     In the API a source found once is trusted for CONCEPTS_SOURCE_CACHE_SECONDS (a query saved on every
     heavy call); the worker validates again against the database before it runs the call.
     """
-    url = data.get('target_repo_url') if isinstance(data, dict) else None
+    params = parse_match_params(query, data.get('limit') if isinstance(data, dict) else None)
+    url = _target_url(data) if isinstance(data, dict) else None
     now = time.monotonic()
     expires, canonical = _known_sources.get(url, (0, None)) if isinstance(url, str) else (0, None)
     if expires > now:
-        return _clean_match_body(data, known_url=canonical)[0]
+        return {'body': _clean_match_body(data, known_url=canonical)[0], 'params': params}
     body, source = _clean_match_body(data)
     if len(_known_sources) > 1000:
         _known_sources.clear()
     _known_sources[url] = (now + settings.CONCEPTS_SOURCE_CACHE_SECONDS, source.url)
-    return body
+    return {'body': body, 'params': params}
+
+
+def validate_payload(payload):
+    """A stored `$match` payload checked again, against the database: (payload, its Source)."""
+    if not isinstance(payload, dict) or not isinstance(payload.get('params'), dict):
+        raise ValidationError({'non_field_errors': ['A $match payload has a body and its params.']})
+    stored, errors = payload['params'], {}
+    limit = _whole(stored.get('limit'), 'limit', 1, MAX_LIMIT, errors)
+    start = _whole(stored.get('start', 0), 'offset', 0, MAX_WINDOW - (limit or 0), errors)
+    if errors:
+        raise ValidationError(errors)
+    params = {'limit': limit, 'start': start, 'best_match': bool(stored.get('best_match')),
+              'verbose': bool(stored.get('verbose'))}
+    body, source = _clean_match_body(payload.get('body'))
+    return {'body': body, 'params': params}, source
 
 
 def forget_sources():
@@ -148,33 +196,43 @@ def forget_sources():
     _known_sources.clear()
 
 
+def _target_url(data):
+    """`target_repo_url`, else the url OCL's `target_repo` object names."""
+    url = data.get('target_repo_url')
+    repo = data.get('target_repo')
+    if url in (None, '') and isinstance(repo, dict) and repo.get('owner') and repo.get('source'):
+        version = repo.get('source_version')
+        url = f"/orgs/{repo['owner']}/sources/{repo['source']}/" + (f'{version}/' if version else '')
+    return url
+
+
 def _clean_match_body(data, known_url=None):
     """(cleaned body, its Source, or None when `known_url` was given) or ValidationError."""
     if not isinstance(data, dict):
         raise ValidationError({'non_field_errors': ['Request body must be a JSON object.']})
     errors = {}
-    _check_rows(data.get('rows'), errors, allow_synonyms=False)
+    _check_rows(data.get('rows'), errors)
 
-    url = data.get('target_repo_url')
+    url = _target_url(data)
     source = None
     if url is None or url == '':
-        errors['target_repo_url'] = ['Missing "target_repo_url" in request body.']
+        errors['target_repo_url'] = ['Missing "target_repo_url" (or "target_repo") in request body.']
     elif not known_url:
         source = find_source(url)
         if source is None:
             errors['target_repo_url'] = [(
                 f'Unknown source {url!r}: expected the url of a loaded source, /orgs/<org>/sources/<source>/ '
                 '(GET /sources/ lists them).')]
-
-    limit = data.get('limit', DEFAULT_LIMIT)
-    if isinstance(limit, str) and limit.strip().isascii() and limit.strip().isdecimal():
-        limit = int(limit)  # ASCII digits only: '²' and '①' are digits to str.isdigit, not to int()
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
-        errors['limit'] = [f'"limit" must be an integer from 1 to {MAX_LIMIT}.']
-
+    map_config = data.get('map_config', [])
+    if not isinstance(map_config, list):
+        errors['map_config'] = ['"map_config" must be a list.']
+    filters = data.get('filter', {})
+    if not isinstance(filters, dict):
+        errors['filter'] = ['"filter" must be an object.']
     if errors:
         raise ValidationError(errors)
-    return {'rows': data['rows'], 'target_repo_url': known_url or source.url, 'limit': limit}, source
+    return {'rows': data['rows'], 'target_repo_url': known_url or source.url, 'map_config': map_config,
+            'filter': filters}, source
 
 
 def validate_rerank_body(data):
@@ -188,41 +246,59 @@ def validate_rerank_body(data):
         errors['q'] = ['"q" must be a non-empty string.']
     elif len(q) > MAX_TEXT_CHARS:
         errors['q'] = [f'"q" is longer than {MAX_TEXT_CHARS} characters.']
-    _check_rows(data.get('rows'), errors, allow_synonyms=True)
+    _check_rows(data.get('rows'), errors, named=False)
+    keys = {}
+    for field, default in (('name_key', ocl.RERANK_NAME_KEY), ('score_key', ocl.RERANK_SCORE_KEY)):
+        value = data.get(field) or default
+        if not isinstance(value, str) or len(value) > 200 or (field == 'score_key' and '.' in value):
+            errors[field] = [f'"{field}" must be a field name' + (' (no dots).' if field == 'score_key' else '.')]
+        keys[field] = value
+    model = data.get('encoder_model')
+    if model not in (None, '', reranker_name()):
+        errors['encoder_model'] = [f'Only the reranker {reranker_name()!r} is available here.']
     if errors:
         raise ValidationError(errors)
-    return {'q': q, 'rows': data['rows']}
+    return {'q': q, 'rows': data['rows'], **keys}
 
 
 # --- running ----------------------------------------------------------------------------------------------
 
-def run_match(body, semantic, reranker):
-    body, source = _clean_match_body(body)  # again: a worker runs later than the view that validated
-    limit = body['limit']
+def run_match(payload, semantic, reranker):
+    payload, source = validate_payload(payload)  # again: a worker runs later than the view that validated
+    body, params = payload['body'], payload['params']
+    limit, start = params['limit'], params['start']
     queries = [row['name'] for row in body['rows']]
 
     index = store.semantic_index(source, embedder_name()) if semantic else store.lexical_index(source)
     scorer = make_reranker(reranker_name()) if reranker else None
-    ranked = match(index, queries, limit, scorer)
+    ranked = match(index, queries, start + limit, scorer)
     table = index.table
 
-    results = []
-    for row, hits in zip(body['rows'], ranked):
-        results.append({'row': row, 'candidates': [
-            {'code': table.codes[hit.concept], 'name': table.name(hit.concept),
-             'concept_class': table.classes[hit.concept], 'score': hit.score,
-             'matched': table.texts[hit.entry]}
-            for hit in hits]})
-    algorithm = index.algorithm + (f'+rerank:{scorer.name}' if scorer else '')
-    return {'results': results, 'source': source.url, 'source_version': source.version,
-            'algorithm': algorithm}
+    answer = []
+    for row, query, hits in zip(body['rows'], queries, ranked):
+        results = []
+        for hit in hits[start:start + limit]:
+            name, matched = table.name(hit.concept), table.texts[hit.entry]
+            meta = ocl.search_meta(query, name, matched, hit.score, semantic, scorer is not None, limit)
+            if params['best_match'] and meta['match_type'] not in ocl.BEST_MATCH_TYPES:
+                continue
+            results.append(ocl.concept(source, table.codes[hit.concept], name, table.classes[hit.concept],
+                                       table.entries(hit.concept), meta, params['verbose']))
+        answer.append({'row': row, 'results': results, 'map_config': body['map_config'],
+                       'filter': body['filter']})
+    return answer
 
 
 def run_rerank(body):
     body = validate_rerank_body(body)
-    scorer = make_reranker(reranker_name())
-    candidates = [[[row['name'], *row.get('synonyms', [])] for row in body['rows']]]
-    scored = rerank(scorer, [body['q']], candidates)[0]
-    order = sorted(range(len(scored)), key=lambda i: (-round(scored[i].score, SCORE_DECIMALS), i))
-    rows = [{**body['rows'][i], 'score': round(scored[i].score, SCORE_DECIMALS)} for i in order]
-    return {'q': body['q'], 'rows': rows, 'algorithm': f'rerank:{scorer.name}'}
+    rows, name_key, score_key = body['rows'], body['name_key'], body['score_key']
+    texts = [ocl.path_get(row, name_key) for row in rows]
+    scorable = [i for i, text in enumerate(texts) if isinstance(text, str) and text.strip()]
+    scores = [ocl.MISSING_SCORE] * len(rows)
+    if scorable:
+        scorer = make_reranker(reranker_name())
+        scored = rerank(scorer, [body['q']], [[[texts[i].strip()[:MAX_TEXT_CHARS]] for i in scorable]])[0]
+        for i, result in zip(scorable, scored):
+            scores[i] = round(result.score, SCORE_DECIMALS)
+    order = sorted(range(len(rows)), key=lambda i: -scores[i])  # stable: ties keep their input order
+    return [ocl.scored_row(rows[i], score_key, scores[i]) for i in order]

@@ -93,12 +93,18 @@ class Submission:
 
     @property
     def rows(self):
-        return len(self.body.get('rows') or [])
+        return row_count(self.body)
+
+
+def row_count(payload):
+    """The rows of a call's payload: a `$match` payload holds its body and its parameters."""
+    body = payload.get('body', payload) if isinstance(payload, dict) else None
+    return len(body.get('rows') or []) if isinstance(body, dict) else 0
 
 
 def prepare(user, endpoint, body, semantic=False, reranker=False, idempotency_key=None, waits=False,
             facts=NO_FACTS):
-    rows = len(body.get('rows') or [])
+    rows = row_count(body)
     return Submission(user=user, endpoint=endpoint, body=body, semantic=bool(semantic), reranker=bool(reranker),
                       queue=lanes.route(endpoint, rows, semantic), call_id=uuid.uuid4().hex,
                       digest=fingerprint(endpoint, body, semantic, reranker),

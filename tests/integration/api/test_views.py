@@ -67,7 +67,7 @@ def test_lexical_match_is_not_a_heavy_call(broker, lanes_redis, tiny_source, mak
     response = match(api_as(make_user()), tiny_source, query='')
     assert response.status_code == 200
     assert not any(header in response for header in HEADERS)
-    assert response.json()['results'][0]['row'] == {'name': 'a'}
+    assert response.json()[0]['row'] == {'name': 'a'} and response['num_returned'] == '0'
     assert HeavyCall.objects.count() == 0 and lines.call_count == 0
 
 

@@ -7,7 +7,7 @@ import pytest
 from concepts.loader import load_terminology
 from concepts.matching import store
 from concepts.matching.text import normalize
-from concepts.services import run_match
+from concepts.services import run_match, validate_match
 from concepts.terminology import read_hpo
 
 
@@ -49,21 +49,23 @@ def test_a_semantic_match_of_a_hundred_known_synonyms_finds_each_concept_first(h
     # Clients send whatever case they have: lower-case every other row.
     rows = [{'name': synonym.lower() if i % 2 else synonym, 'id': i} for i, (synonym, _) in enumerate(pairs)]
 
-    result = run_match({'rows': rows, 'target_repo_url': '/orgs/HPO/sources/HPO/', 'limit': 5},
-                       semantic=True, reranker=False)
+    payload = validate_match({'rows': rows, 'target_repo_url': '/orgs/HPO/sources/HPO/'},
+                             {'limit': '15', 'verbose': 'true'})
+    answer = run_match(payload, semantic=True, reranker=False)
 
-    assert result['algorithm'] == 'semantic:tfidf-svd' and len(result['results']) == 100
-    firsts = [(row['row']['id'], row['candidates'][0]['code'], bag(row['candidates'][0]['matched']))
-              for row in result['results']]
-    # The match is the synonym itself, or one of the concept's texts with the same words in another order.
-    assert firsts == [(i, code, bag(synonym)) for i, (synonym, code) in enumerate(pairs)]
-    assert all(len(row['candidates']) == 5 for row in result['results'])
+    assert len(answer) == 100 and [entry['row'] for entry in answer] == rows
+    assert all(len(entry['results']) == 15 for entry in answer)  # limit=15 in the query: 15 a row
+    firsts = [(entry['row']['id'], entry['results'][0]['id'],
+               bag(synonym) in [bag(name['name']) for name in entry['results'][0]['names']])
+              for entry, (synonym, _) in zip(answer, pairs)]
+    # The match is the concept with the synonym, or with the same words in another order, among its names.
+    assert firsts == [(i, code, True) for i, (synonym, code) in enumerate(pairs)]
 
 
 @pytest.mark.django_db
 def test_a_reranked_semantic_match_finds_lay_terms_for_hpo_concepts(hpo_source):
     queries = {'big head': 'HP:0000256', 'low muscle tone': 'HP:0001252', 'heart attack': 'HP:0001658',
                'seizures': 'HP:0001250', 'kidney cysts': 'HP:0000107', 'short stature': 'HP:0004322'}
-    result = run_match({'rows': [{'name': q} for q in queries], 'target_repo_url': '/orgs/HPO/sources/HPO/'},
-                       semantic=True, reranker=True)
-    assert [row['candidates'][0]['code'] for row in result['results']] == list(queries.values())
+    payload = validate_match({'rows': [{'name': q} for q in queries], 'target_repo_url': '/orgs/HPO/sources/HPO/'})
+    answer = run_match(payload, semantic=True, reranker=True)
+    assert [entry['results'][0]['id'] for entry in answer] == list(queries.values())

@@ -13,14 +13,16 @@ def test_a_hundred_known_synonyms_come_back_with_their_concepts_first(in_process
     load_terminology(read_hpo())
     pairs = known_synonyms(read_hpo(), 100, seed=11)
     client = api_as(make_user('core_user'))
-    response = client.post('/concepts/$match/?semantic=true', HTTP_PREFER='respond-async', data={
-        'rows': [{'name': synonym, 'id': i} for i, (synonym, _) in enumerate(pairs)],
-        'target_repo_url': '/orgs/HPO/sources/HPO/', 'limit': 5}, format='json')
+    response = client.post('/concepts/$match/?semantic=true&limit=5&verbose=true', HTTP_PREFER='respond-async',
+                           data={'rows': [{'name': synonym, 'id': i} for i, (synonym, _) in enumerate(pairs)],
+                                 'target_repo_url': '/orgs/HPO/sources/HPO/'}, format='json')
     assert response.status_code == 202 and response.json()['lane'] == 'es2_knn'
     call_id = response.json()['id']
     task = wait_until(lambda: (lambda body: body if body['state'] not in ('queued', 'running') else None)(
         client.get(f'/tasks/{call_id}/?wait=20').json()), timeout=120, interval=0.1, message='the match')
     assert task['state'] == 'succeeded', task
-    results = task['result']['results']
-    assert [(row['row']['id'], row['candidates'][0]['code'], bag(row['candidates'][0]['matched']))
-            for row in results] == [(i, code, bag(synonym)) for i, (synonym, code) in enumerate(pairs)]
+    answer = task['result']
+    assert [(entry['row']['id'], entry['results'][0]['id'],
+             bag(synonym) in [bag(name['name']) for name in entry['results'][0]['names']])
+            for entry, (synonym, _) in zip(answer, pairs)] == [(i, code, True) for i, (_, code) in enumerate(pairs)]
+    assert all(len(entry['results']) == 5 for entry in answer)

@@ -72,9 +72,9 @@ def test_a_call_is_queued_then_runs_and_only_its_owner_and_staff_see_it(
     assert task['state'] == 'succeeded', task
     assert 'Retry-After' not in done
     assert task['created_at'] <= task['started_at'] <= task['finished_at']
-    results = task['result']['results']
-    assert [r['row']['name'] for r in results] == [row['name'] for row in ROWS]
-    assert results[0]['candidates'][0]['name'] == 'Hypertension'
+    answer = task['result']
+    assert [entry['row']['name'] for entry in answer] == [row['name'] for row in ROWS]
+    assert answer[0]['results'][0]['display_name'] == 'Hypertension'
     assert not lane_has(lanes_redis, Lane.ES2_KNN, call_id)
     assert not lane_has(lanes_redis, Lane.USER, call_id, owner.pk)
 
@@ -130,7 +130,7 @@ def test_a_killed_pool_process_gets_its_call_delivered_again_at_once(
     call = HeavyCall.objects.get(pk=call_id)
     assert call.attempts == 2
     assert TaskResult.objects.filter(task_id=call_id).count() == 1
-    assert len(task['result']['results']) == 1000
+    assert len(task['result']) == 1000
     assert holds(lanes_redis, call_id) == 0
 
 

@@ -1,20 +1,21 @@
-"""Bad `$match` / `$rerank` bodies are refused with a message naming the field."""
+"""Bad `$match` / `$rerank` bodies and query parameters are refused with a message naming the field."""
 import pytest
 from rest_framework.exceptions import ValidationError
 
-from concepts.services import MAX_LIMIT, MAX_ROWS, MAX_TEXT_CHARS, validate_match_body, validate_rerank_body
+from concepts.services import (MAX_LIMIT, MAX_ROWS, MAX_TEXT_CHARS, MAX_WINDOW, validate_match, validate_payload,
+                               validate_rerank_body)
 
 URL = '/orgs/HL/sources/TinyClinical/'
 
 
-def errors_of(validate, body):
+def errors_of(validate, *args):
     with pytest.raises(ValidationError) as caught:
-        validate(body)
+        validate(*args)
     return {field: [str(message) for message in messages] for field, messages in caught.value.detail.items()}
 
 
-def match_errors(body):
-    return errors_of(validate_match_body, body)
+def match_errors(body, query=None):
+    return errors_of(validate_match, body, query or {})
 
 
 def rerank_errors(body):
@@ -26,15 +27,18 @@ def body(tiny_source):
     return {'rows': [{'name': 'fever', 'id': 7}], 'target_repo_url': URL}
 
 
-def test_a_good_match_body_is_cleaned_with_the_default_limit(body):
-    cleaned = validate_match_body(body)
-    assert cleaned == {'rows': [{'name': 'fever', 'id': 7}], 'target_repo_url': URL, 'limit': 5}
+def test_a_good_match_body_is_cleaned_with_ocls_default_limit(body):
+    assert validate_match(body, {}) == {
+        'body': {'rows': [{'name': 'fever', 'id': 7}], 'target_repo_url': URL, 'map_config': [], 'filter': {}},
+        'params': {'limit': 1, 'start': 0, 'best_match': False, 'verbose': False}}
 
 
-def test_a_cleaned_match_body_validates_to_itself(body):
-    cleaned = validate_match_body({**body, 'target_repo_url': 'orgs/HL/sources/TinyClinical', 'limit': '3'})
-    assert cleaned['target_repo_url'] == URL and cleaned['limit'] == 3
-    assert validate_match_body(cleaned) == cleaned
+def test_a_cleaned_payload_validates_to_itself(body):
+    payload = validate_match({**body, 'target_repo_url': 'orgs/HL/sources/TinyClinical'},
+                             {'limit': '3', 'page': '2', 'bestMatch': 'true', 'verbose': 'True'})
+    assert payload['body']['target_repo_url'] == URL
+    assert payload['params'] == {'limit': 3, 'start': 3, 'best_match': True, 'verbose': True}
+    assert validate_payload(payload)[0] == payload
 
 
 @pytest.mark.parametrize('rows', [None, [], 'fever', {'name': 'fever'}])
@@ -45,11 +49,16 @@ def test_missing_or_empty_rows_are_refused_on_rows(body, rows):
     assert match_errors(body) == {'rows': ['Invalid or missing "rows" in request body.']}
 
 
-@pytest.mark.parametrize('row', ['fever', {}, {'name': ''}, {'name': '   '}, {'name': 3}, {'code': 'x'}])
+@pytest.mark.parametrize('row', [{}, {'name': ''}, {'name': '   '}, {'name': 3}, {'code': 'x'}])
 def test_a_row_without_a_non_empty_name_is_refused_with_its_position(body, row):
     body['rows'] = [{'name': 'ok'}, row]
     assert match_errors(body) == {
         'rows': ['Row 1: each row must be an object with a non-empty "name" string.']}
+
+
+def test_a_row_that_is_not_an_object_is_refused_with_its_position(body):
+    body['rows'] = [{'name': 'ok'}, 'fever']
+    assert match_errors(body) == {'rows': ['Row 1: each row must be an object.']}
 
 
 def test_too_many_rows_are_refused_with_the_limit(body):
@@ -66,12 +75,13 @@ def test_a_row_text_over_the_limit_is_refused(body):
 
 def test_the_largest_allowed_body_is_accepted(body):
     body['rows'] = [{'name': 'x' * MAX_TEXT_CHARS}] * MAX_ROWS
-    assert len(validate_match_body(body)['rows']) == MAX_ROWS
+    assert len(validate_match(body, {})['body']['rows']) == MAX_ROWS
 
 
 def test_a_missing_target_repo_url_is_refused_on_that_field(body):
     del body['target_repo_url']
-    assert match_errors(body) == {'target_repo_url': ['Missing "target_repo_url" in request body.']}
+    assert match_errors(body) == {
+        'target_repo_url': ['Missing "target_repo_url" (or "target_repo") in request body.']}
 
 
 @pytest.mark.parametrize('url', ['/orgs/HL/sources/Nope/', URL + '2/', 'http://x', 42])
@@ -84,18 +94,36 @@ def test_an_unknown_source_is_refused_on_target_repo_url(body, url):
 
 def test_the_current_version_url_of_a_source_is_accepted(body):
     body['target_repo_url'] = URL + '1/'
-    assert validate_match_body(body)['target_repo_url'] == URL
+    assert validate_match(body, {})['body']['target_repo_url'] == URL
 
 
-@pytest.mark.parametrize('limit', [0, MAX_LIMIT + 1, -1, 2.5, True, 'five', None])
-def test_a_limit_outside_one_to_a_hundred_is_refused_on_limit(body, limit):
+@pytest.mark.parametrize('limit', ['0', str(MAX_LIMIT + 1), '-1', '2.5', 'five', '²'])
+def test_a_query_limit_outside_one_to_a_hundred_is_refused_on_limit(body, limit):
+    assert match_errors(body, {'limit': limit}) == {'limit': [f'"limit" must be an integer from 1 to {MAX_LIMIT}.']}
+
+
+@pytest.mark.parametrize('limit', [0, MAX_LIMIT + 1, 2.5, True, 'five'])
+def test_a_body_limit_outside_one_to_a_hundred_is_refused_on_limit(body, limit):
     body['limit'] = limit
     assert match_errors(body) == {'limit': [f'"limit" must be an integer from 1 to {MAX_LIMIT}.']}
 
 
+def test_offset_and_page_must_be_whole_and_stay_within_the_window(body):
+    assert list(match_errors(body, {'offset': '-1'})) == ['offset']
+    assert list(match_errors(body, {'page': '0'})) == ['page']
+    assert match_errors(body, {'limit': '100', 'page': '11'}) == {
+        'offset': [f'offset (or page) and limit reach past candidate {MAX_WINDOW}.']}
+    assert validate_match(body, {'limit': '100', 'page': '10'})['params']['start'] == 900
+
+
+def test_map_config_and_filter_must_have_ocls_types(body):
+    assert match_errors({**body, 'map_config': {}, 'filter': []}) == {
+        'map_config': ['"map_config" must be a list.'], 'filter': ['"filter" must be an object.']}
+
+
 def test_every_bad_field_is_reported_at_once(tiny_source):
-    errors = match_errors({'rows': [], 'limit': 0})
-    assert set(errors) == {'rows', 'target_repo_url', 'limit'}
+    errors = match_errors({'rows': [], 'filter': 1})
+    assert set(errors) == {'rows', 'target_repo_url', 'filter'}
 
 
 def test_a_body_that_is_not_an_object_is_refused():
@@ -118,11 +146,17 @@ def test_a_rerank_body_with_empty_rows_is_refused_on_rows():
         'rows': ['Invalid or missing "rows" in request body.']}
 
 
-def test_rerank_row_synonyms_must_be_a_list_of_strings():
-    errors = rerank_errors({'q': 'fever', 'rows': [{'name': 'a', 'synonyms': 'b'}]})
-    assert errors['rows'][0].startswith('Row 0: "synonyms" must be a list')
+def test_rerank_rows_must_be_objects_and_keys_field_names():
+    assert rerank_errors({'q': 'fever', 'rows': [1]}) == {'rows': ['Row 0: each row must be an object.']}
+    errors = rerank_errors({'q': 'fever', 'rows': [{}], 'score_key': 'search_meta.x', 'name_key': 3})
+    assert set(errors) == {'score_key', 'name_key'}
 
 
-def test_a_good_rerank_body_is_returned_unchanged():
-    body = {'q': 'fever', 'rows': [{'name': 'Pyrexia', 'synonyms': ['Fever'], 'code': 'X'}]}
-    assert validate_rerank_body(body) == body
+def test_only_the_shipped_reranker_may_be_asked_for():
+    errors = rerank_errors({'q': 'fever', 'rows': [{}], 'encoder_model': 'BAAI/bge-reranker-v2-m3'})
+    assert errors == {'encoder_model': ["Only the reranker 'fuzzy' is available here."]}
+
+
+def test_a_good_rerank_body_is_returned_with_ocls_default_keys():
+    body = {'q': 'fever', 'rows': [{'display_name': 'Pyrexia', 'code': 'X'}]}
+    assert validate_rerank_body(body) == {**body, 'name_key': 'display_name', 'score_key': 'search_rerank_score'}
