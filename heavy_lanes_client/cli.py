@@ -18,7 +18,7 @@ from heavy_lanes_client.load_plan import DEFAULT_MIX, LoadPlan, parse_mix, parse
 from heavy_lanes_client.load_report import format_load_report
 from heavy_lanes_client.progress import Progress
 from heavy_lanes_client.retry import RetryPolicy
-from heavy_lanes_client.rows import demo_rows, parse_rows_arg, read_rows_file, write_output
+from heavy_lanes_client.rows import candidate_fields, demo_rows, parse_rows_arg, read_rows_file, write_output
 from heavy_lanes_client.run import PollPolicy, Run
 from heavy_lanes_client.summary import format_summary, table
 
@@ -137,8 +137,7 @@ def _print_rows(report, out):
     rows = []
     for outcome in report.outcomes[:MAX_PRINTED_ROWS]:
         top = outcome.top or {}
-        detail = (f'{top.get("code", "")} {top.get("name", "")} ({top.get("score", "")})' if top
-                  else outcome.reason or '')
+        detail = ('{} {} ({})'.format(*candidate_fields(top)) if top else outcome.reason or '')
         rows.append([outcome.index, outcome.name[:50], str(outcome.status), detail[:90]])
     print(table(rows, ['#', 'row', 'status', 'top candidate / reason'], align='rlll'), file=out)
     if len(report.outcomes) > MAX_PRINTED_ROWS:

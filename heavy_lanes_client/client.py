@@ -126,30 +126,38 @@ class Client:
         Lexical without reranker is not a heavy call: the server answers 200 with the result, returned as
         a Handle whose `immediate` task holds it.
         """
-        params = {}
+        params = {'limit': str(limit)}  # OCL reads limit from the query string
         if semantic:
             params['semantic'] = 'true'
         if reranker:
             params['reranker'] = 'true'
-        body = {'rows': as_rows(rows), 'target_repo_url': source, 'limit': limit}
+        body = {'rows': as_rows(rows), 'target_repo_url': source}
         return self.submit(MATCH, body, params=params, idempotency_key=idempotency_key, metadata=metadata)
 
     def submit_rerank(self, q, rows, *, idempotency_key=None, metadata=None):
         """POST /concepts/$rerank/: score candidate `rows` (strings or dicts with "name") against `q`."""
-        return self.submit(RERANK, {'q': q, 'rows': as_rows(rows)}, idempotency_key=idempotency_key,
-                           metadata=metadata)
+        body = {'q': q, 'rows': as_rows(rows), 'name_key': 'name'}  # OCL's default name_key is display_name
+        return self.submit(RERANK, body, idempotency_key=idempotency_key, metadata=metadata)
 
     def _handle(self, endpoint, response, key):
         body = json_or_none(response)
         capacity = Capacity.from_headers(response.headers)
+        if response.status_code == 200 and isinstance(body, list):
+            # Answered in the request (a lexical $match, or a call that ended within the wait): the body is
+            # the endpoint's answer, and Content-Location names the task when there is one.
+            location = response.headers.get('Content-Location')
+            task_id = location.rstrip('/').rsplit('/', 1)[-1] if location else None
+            task = Task(id=task_id, state=State.SUCCEEDED, endpoint=endpoint, result=body)
+            return Handle(id=task_id, url=location, endpoint=endpoint, lane=None, state=task.state,
+                          idempotency_key=key, capacity=capacity, created_at=None, immediate=task)
         if not isinstance(body, dict):
             raise errors.ProtocolError(f'HTTP {response.status_code} without a JSON object body',
                                        status=response.status_code, capacity=capacity)
         try:
             if response.status_code == 200:
-                if 'state' in body and 'id' in body:  # waited in the request (Prefer: wait) and finished
+                if 'state' in body and 'id' in body:  # an earlier server's waited task envelope
                     task = Task.from_body(body)
-                else:  # answered in the request (lexical $match): the body is the result
+                else:  # an earlier server's lexical answer (an object)
                     task = Task(id=None, state=State.SUCCEEDED, endpoint=endpoint, result=body)
                 return Handle(id=task.id, url=None, endpoint=endpoint, lane=task.lane, state=task.state,
                               idempotency_key=key, capacity=capacity, created_at=task.created_at,

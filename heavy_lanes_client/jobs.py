@@ -65,7 +65,10 @@ class Job:
         """One RowOutcome per row of `batch`, from its call's final task."""
         if task.state != State.SUCCEEDED:
             return self.failed(batch, _task_failure(task), key, task.id)
-        found = task.result.get(self.result_key) if isinstance(task.result, dict) else None
+        # OCL's answer is a list (one entry per row for $match, the rows for $rerank); servers before it
+        # answered an object holding that list under `result_key`.
+        found = task.result if isinstance(task.result, list) else (
+            task.result.get(self.result_key) if isinstance(task.result, dict) else None)
         if not isinstance(found, list):
             reason = f'task succeeded but its result has no "{self.result_key}" list'
             return self.failed(batch, reason, key, task.id)
@@ -119,7 +122,7 @@ class MatchJob(Job):
         out = []
         for i, name in enumerate(self.names(batch)):
             entry = results[i] if i < len(results) else None
-            candidates = entry.get('candidates') if isinstance(entry, dict) else None
+            candidates = entry.get('results', entry.get('candidates')) if isinstance(entry, dict) else None
             out.append(_row_outcome(batch, i, name, task, key, candidates))
         return out
 

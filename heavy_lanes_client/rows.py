@@ -22,6 +22,17 @@ def as_rows(rows):
     return [{'name': row} if isinstance(row, str) else dict(row) for row in rows]
 
 
+def candidate_fields(candidate):
+    """(id, name, score) of a candidate in OCL's shape (a $match concept with its search_meta, a $rerank row
+    with its score), or in the shape of servers before it (code, name, score)."""
+    meta = candidate.get('search_meta') if isinstance(candidate.get('search_meta'), dict) else {}
+    score = next((value for value in (meta.get('search_rerank_score'), meta.get('search_score'),
+                                      candidate.get('search_rerank_score'), candidate.get('score'))
+                  if value is not None), '')
+    return (candidate.get('id', candidate.get('code', '')), candidate.get('display_name') or
+            candidate.get('name', ''), score)
+
+
 def parse_rows_arg(text):
     """`--rows "a,b,c"`: comma-separated names (blanks dropped)."""
     return [{'name': part.strip()} for part in text.split(',') if part.strip()]
@@ -92,9 +103,8 @@ def write_output(path, report):
             writer.writerow(['index', 'name', 'status', 'code', 'concept_name', 'score', 'reason', 'task_id',
                              'idempotency_key'])
             for outcome in report.outcomes:
-                top = outcome.top or {}
-                writer.writerow([outcome.index, outcome.name, outcome.status, top.get('code', ''),
-                                 top.get('name', ''), top.get('score', ''), outcome.reason or '',
+                code, name, score = candidate_fields(outcome.top) if outcome.top else ('', '', '')
+                writer.writerow([outcome.index, outcome.name, outcome.status, code, name, score, outcome.reason or '',
                                  outcome.task_id or '', outcome.idempotency_key or ''])
         return
     body = {'summary': asdict(report.summary), 'rows': [outcome.as_dict() for outcome in report.outcomes]}

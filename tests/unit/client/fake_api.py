@@ -176,19 +176,21 @@ class FakeApi:
                 and (token is None or task.token == token) and (lane is None or task.lane == lane)]
 
     def _result(self, task):
+        """The answer in OCL's wire format, as the real server gives it."""
         if task.endpoint == '$rerank':
-            rows = [dict(row, score=round(1.0 / (i + 1), 4)) for i, row in enumerate(task.body['rows'])]
-            return {'q': task.body['q'], 'rows': rows, 'algorithm': 'rerank:fake'}
+            key = task.body.get('score_key') or 'search_rerank_score'
+            return [dict(row, **{key: round(1.0 / (i + 1), 4)}) for i, row in enumerate(task.body['rows'])]
         rows = task.body['rows'][:-1] if self.short_results else task.body['rows']
-        results = []
+        answer = []
         for row in rows:
             name = row['name']
-            candidates = [] if name in self.no_match else [
-                {'code': f'HP:{abs(hash(name)) % 10 ** 7:07d}', 'name': name.title(),
-                 'concept_class': 'Phenotype', 'score': 0.9, 'matched': name}]
-            results.append({'row': row, 'candidates': candidates})
-        return {'results': results, 'source': '/orgs/HPO/sources/HPO/', 'source_version': 'v1',
-                'algorithm': 'fake'}
+            code = f'HP:{abs(hash(name)) % 10 ** 7:07d}'
+            results = [] if name in self.no_match else [
+                {'id': code, 'type': 'Concept', 'url': f'/orgs/HPO/sources/HPO/concepts/{code}/',
+                 'display_name': name.title(), 'retired': False,
+                 'search_meta': {'search_score': 0.9, 'match_type': 'very_high', 'search_normalized_score': 90.0}}]
+            answer.append({'row': row, 'results': results, 'map_config': [], 'filter': {}})
+        return answer
 
     def task_body(self, task):
         body = {'id': task.id, 'state': task.state, 'endpoint': task.endpoint, 'lane': task.lane,

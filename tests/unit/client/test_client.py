@@ -26,8 +26,8 @@ def test_a_heavy_call_carries_its_token_idempotency_key_and_capacity_aware_flag(
     assert post.headers['authorization'] == 'Token t-core'
     assert post.headers['idempotency-key'] == 'key-1'
     assert json.loads(post.headers['x-ocl-event-metadata'])['capacity_aware'] == 'true'
-    assert post.query == {'semantic': 'true'}
-    assert post.body == {'rows': [{'name': 'chest pain'}], 'target_repo_url': SOURCE, 'limit': 5}
+    assert post.query == {'semantic': 'true', 'limit': '5'}
+    assert post.body == {'rows': [{'name': 'chest pain'}], 'target_repo_url': SOURCE}
     assert handle.state == State.QUEUED and handle.url == f'/tasks/{handle.id}/'
     assert handle.idempotency_key == 'key-1'
 
@@ -92,7 +92,7 @@ def test_wait_long_polls_until_the_task_ends(api, client):
     task = client.wait(handle, long_poll=5)
 
     assert task.state == State.SUCCEEDED
-    assert task.result['results'][0]['candidates'][0]['matched'] == 'pounding headache'
+    assert task.result[0]['results'][0]['display_name'] == 'Pounding Headache'
     polls = api.requests('GET', '/tasks/')
     assert len(polls) == 1 and polls[0].query == {'wait': '5'}
 

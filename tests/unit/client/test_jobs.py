@@ -11,7 +11,7 @@ def test_batches_cover_every_row_once_in_input_order(api, client, sleeps):
                     ('itchy rash',)}
     assert [outcome.name for outcome in report.outcomes] == ROWS
     assert [outcome.status for outcome in report.outcomes] == [RowStatus.MATCHED] * 5
-    assert report.outcomes[0].top['matched'] == 'chest pain'
+    assert report.outcomes[0].top['display_name'] == 'Chest Pain'
     assert report.ok and report.summary.admitted == 3 and report.summary.submissions == 3
 
 
