@@ -1,6 +1,7 @@
 """Real faults: a redis-server of our own stopped with SIGSTOP or restarted, a server that never answers,
 a port nobody listens on. A call through the LaneStore must cost at most the deadline and take no lease late.
 """
+import threading
 import time
 
 import pytest
@@ -126,3 +127,40 @@ def test_after_a_redis_restart_the_scripts_are_loaded_again(own_redis, lanes_at,
     assert not client.script_exists(get_store().script('acquire').sha)[0]
     assert get_store().acquire([key], [4], 'after', LEASE_MS, force=False) == Acquired(True, (0,))
     assert client.script_exists(get_store().script('acquire').sha)[0]
+
+
+def test_a_dns_lookup_that_never_returns_costs_the_deadline_once_per_skip_window(
+        lanes_at, deadline, settings, monkeypatch, make_user, db):
+    """Connecting is what no socket timeout bounds: a name lookup that hangs (here: getaddrinfo blocked for
+    one host name) costs the first call the deadline; the skip window spares the next ones."""
+    import socket
+
+    from capacity import gate
+    from capacity.constants import Decision
+    released = threading.Event()
+    real = socket.getaddrinfo
+
+    def hanging(host, *args, **kwargs):
+        if host == 'redis.hangs.example':
+            released.wait(30)
+            raise socket.gaierror('lookup gave up')
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, 'getaddrinfo', hanging)
+    settings.CAPACITY_REDIS_RETRY_SECONDS = 15
+    lanes_at(6379)
+    settings.REDIS_HOST = 'redis.hangs.example'
+    from capacity.store import LaneStore, build_redis_client, use_store
+    use_store(LaneStore(build_redis_client()))
+    user = make_user()
+    try:
+        started = time.monotonic()
+        first = gate.admit(user, rows=1, semantic=True)
+        first_seconds = time.monotonic() - started
+        started = time.monotonic()
+        second = gate.admit(user, rows=1, semantic=True)
+        second_seconds = time.monotonic() - started
+    finally:
+        released.set()
+    assert first.decision == Decision.UNAVAILABLE and first_seconds < deadline + SLACK
+    assert second.decision == Decision.UNAVAILABLE and second_seconds < 0.05  # skipped: no Redis call
