@@ -4,8 +4,8 @@ tests read (`gunicorn -c python:api.gunicorn_config api.wsgi:application --bind 
 The serving model is gthread: API_WORKERS processes of API_THREADS threads each. A request that waits for a
 heavy call's result (the default for a client that didn't ask for a handle) holds one thread, blocked on
 an Event woken by the process's one notice subscriber (workers.notify), not a whole process: 2 processes of
-40 threads hold 64 waiting requests (API_WAITING_PER_PROCESS each, api_heavy.per_task for the host) and
-still have threads for everything else. Why not an async server: the views, DRF and the ORM are
+64 threads hold the host's 64 waiting requests (api_heavy.per_task) however gunicorn spreads them (up to
+API_WAITING_PER_PROCESS, 56, in one process) and still have threads for everything else. Why not an async server: the views, DRF and the ORM are
 synchronous, and a thread costs a waiting request ~64 KiB of stack and no CPU (docs/architecture.md).
 gthread's `timeout` is the worker's heartbeat to the master, not a limit on a request, so a long wait is
 fine; the proxy's read timeout must exceed `wait.max_seconds` (deploy/nginx.conf).
@@ -14,7 +14,10 @@ import os
 
 worker_class = 'gthread'
 workers = int(os.environ.get('API_WORKERS') or os.environ.get('WEB_CONCURRENCY') or 2)
-threads = int(os.environ.get('API_THREADS') or 40)
+threads = int(os.environ.get('API_THREADS') or 64)
+# Each API process borrows PostgreSQL connections from a pool of this many (api/settings.py); the workers
+# don't pool. The environment's DATABASE_POOL_SIZE wins; 0 turns the pool off.
+raw_env = [f"DATABASE_POOL_SIZE={os.environ.get('DATABASE_POOL_SIZE') or 16}"]
 timeout = 60
 graceful_timeout = 30
 keepalive = 5

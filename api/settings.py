@@ -102,6 +102,17 @@ if DATABASES['default']['ENGINE'] == 'django.db.backends.sqlite3':
     # without waiting, when another process writes. (Not WAL: pool processes forked from a worker that
     # has the file open hung on their first query.)
     DATABASES['default'].setdefault('OPTIONS', {}).update({'timeout': 20, 'transaction_mode': 'IMMEDIATE'})
+# A connection pool per API process (Django's own, over psycopg_pool) when DATABASE_POOL_SIZE is set, as
+# api/gunicorn_config.py sets it for the API: 2 processes of 64 threads would otherwise keep a connection
+# per thread (CONN_MAX_AGE) or open one per request, and dozens of requests waiting for their results
+# would hold PostgreSQL's connections (100 by default) for nothing. A thread borrows a connection for a
+# request and gives it back at the end, and a waiting request gives it back while it waits
+# (workers.lifecycle.wait). Not in the workers: a prefork child must not inherit its parent's pool.
+DATABASE_POOL_SIZE = env_int('DATABASE_POOL_SIZE', 0)
+if DATABASE_POOL_SIZE and DATABASES['default']['ENGINE'] == 'django.db.backends.postgresql':
+    DATABASES['default']['CONN_MAX_AGE'] = 0  # the pool keeps the connections
+    DATABASES['default'].setdefault('OPTIONS', {})['pool'] = {
+        'min_size': 1, 'max_size': DATABASE_POOL_SIZE, 'timeout': env_float('DATABASE_POOL_TIMEOUT', 20.0)}
 DEFAULT_AUTO_FIELD = 'django.db.models.BigAutoField'
 
 LANGUAGE_CODE = 'en-us'
@@ -179,8 +190,10 @@ CAPACITY_KEY_PREFIX = os.environ.get('CAPACITY_KEY_PREFIX', 'ocl:capacity')
 # --- The API's serving model: gunicorn's gthread workers, API_THREADS threads per process (docs/architecture.md,
 # "Waiting"). A request waiting for a call's result holds a thread, not a process; at most
 # API_WAITING_PER_PROCESS of a process's threads wait at once, so the rest always serve other requests. The
-# host-wide bound is the config's api_heavy.per_task (its default, 64, is 2 processes x 32).
-API_THREADS = env_int('API_THREADS', 40)
+# host-wide bound is the config's api_heavy.per_task (64 by default). gunicorn doesn't spread connections
+# evenly over its processes (bench/waiting.py saw 34 of 64 waiting requests on one of two), so each process
+# may hold most of the host's waiting requests: 56 of 64 threads.
+API_THREADS = env_int('API_THREADS', 64)
 API_WAITING_PER_PROCESS = env_int('API_WAITING_PER_PROCESS', max(API_THREADS - 8, 1))
 
 # Matching (concepts/): the embedder for semantic $match, the reranker, and how many loaded indexes a

@@ -82,17 +82,19 @@ HOLD_CONNECTION_SECONDS = 1.0
 def wait(call, seconds):
     """Wait up to `seconds` for `call` to end; keeps `call`'s state and timings fresh; True when it ended.
 
-    A request that waits longer than HOLD_CONNECTION_SECONDS gives its database connection back between
-    looks (Django opens a new one for the next): a host holds dozens of waiting requests, and PostgreSQL
-    would otherwise keep a connection open for each of them.
+    A waiting request gives its database connection back between looks: at once to the process's pool
+    (api/settings.py, DATABASE_POOL_SIZE), else once it has waited HOLD_CONNECTION_SECONDS (Django opens a
+    new one for the next look): a host holds dozens of waiting requests, and PostgreSQL would otherwise
+    keep a connection open for each of them.
     """
     started = time.monotonic()
+    pooled = bool(connection.settings_dict.get('OPTIONS', {}).get('pool'))
 
     def finished():
         call.refresh_from_db(fields=WAIT_FIELDS)
         if call.finished:
             return True
-        if time.monotonic() - started >= HOLD_CONNECTION_SECONDS and not connection.in_atomic_block:
+        if (pooled or time.monotonic() - started >= HOLD_CONNECTION_SECONDS) and not connection.in_atomic_block:
             connection.close()
         return False
     return notify.wait_for(call.pk, finished, seconds)
