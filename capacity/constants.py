@@ -70,7 +70,7 @@ DEFAULTS = {
     'enforce_for': AWARE,
     'api_heavy': {
         'cluster': 4,   # across all API hosts
-        'per_task': 64,  # requests waiting for a result on each API host: what the host holds (2 x 32 threads)
+        'per_task': 64,  # requests waiting for a result on each API host (2 API processes of 64 threads)
     },
     'es2_knn': 3,             # semantic $match calls
     'reserve_single_row': 1,  # slots only single-row $match calls may use, in every lane they take

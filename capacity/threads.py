@@ -21,7 +21,7 @@ from concurrent.futures import CancelledError
 
 import redis
 
-# Room for every thread of an API process (API_THREADS, 40 by default) to wait for a connection at once: a
+# Room for every thread of an API process (API_THREADS, 64 by default) to wait for a connection at once: a
 # burst of calls into a process that has no established connection yet must not find the thread "busy"
 # (that fails the call open and opens the skip window). A stuck thread still costs each caller the deadline.
 MAX_QUEUED = 64
