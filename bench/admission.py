@@ -10,7 +10,7 @@ at most 1.5x the floor, acquire + release at most 2.5x; acquire flat (within 1.5
 import argparse
 import uuid
 
-from common import setup_django, stats_us, timed, write
+from helpers import setup_django, stats_us, timed, write
 
 HIGH = 100_000  # the largest limit the config takes: the benchmark measures the admitted path
 

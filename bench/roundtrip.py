@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, write
+from helpers import ROOT, write
 from stack import Stack
 
 TARGET = 1.5

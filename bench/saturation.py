@@ -32,7 +32,7 @@ import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from common import ROOT, lane_limit, write
+from helpers import ROOT, lane_limit, write
 from stack import Stack
 
 SAMPLE_SECONDS = 0.05

@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import write
+from helpers import write
 from stack import Stack
 
 from devstack.processes import pids

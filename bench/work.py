@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 
-from common import write
+from helpers import write
 from stack import Stack
 
 
