@@ -9,7 +9,10 @@ A private stack (bench/stack.py): gunicorn with N sync workers, its own Redis an
 no lane workers, so the measurement is the submission alone (a worker running the calls would take the
 same two cores). Before every run the queues are purged and the lanes, call rows and results are
 cleared, so each run starts from the same state. Load comes from `wrk` (one thread) with a Lua script for
-the POST and its headers; one user (demo-core); one row per call (the `interactive` lane).
+the POST and its headers (`Prefer: respond-async`: without it the API waits for the result); one user
+(demo-core); one row per call (the `interactive` lane), whose name carries the run and a counter, so every
+call is distinct work (identical calls would join the first one's work: no lease, no message) and the
+heavy calls' rows must all be `served_as` run.
 
 What each mode does per call: `off` validates, writes the call row (also its usage record) and publishes the
 message (no Redis lease, no capacity headers); `shadow` also takes a lease in every lane that applies
@@ -36,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from helpers import write
+from helpers import distinct, write
 from stack import Stack
 
 from devstack.processes import pids
@@ -45,6 +48,7 @@ HIGH = 100_000  # the largest limit the config takes
 TARGET = 0.70
 MODES = ('off', 'shadow', 'enforce')
 BODY_ROW = 'chest pain'
+NUMBER = '@N@'  # where the Lua script writes its request counter into the row's name
 
 
 def ensure_wrk():
@@ -55,12 +59,20 @@ def ensure_wrk():
 
 
 def lua_script(path, token, body):
-    """A wrk script that POSTs `body` as JSON with the token; the token stays out of the process list."""
+    """A wrk script that POSTs `body` as JSON with the token and `Prefer: respond-async`, NUMBER in it
+    replaced by the request's number (1, 2, ... in this wrk process: one thread, one counter), so no two
+    requests are identical work. The token stays out of the process list."""
+    head, tail = json.dumps(body).split(NUMBER)
     text = '\n'.join([
         'wrk.method = "POST"',
-        f'wrk.body = {json.dumps(json.dumps(body))}',
         'wrk.headers["Content-Type"] = "application/json"',
         f'wrk.headers["Authorization"] = "Token {token}"',
+        'wrk.headers["Prefer"] = "respond-async"',
+        'local number = 0',
+        'request = function()',
+        '    number = number + 1',
+        f'    return wrk.format(nil, nil, nil, {json.dumps(head)} .. number .. {json.dumps(tail)})',
+        'end',
         '',
     ])
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -105,12 +117,15 @@ SECTIONS = (
     ('authenticate (token, 1 query)', 'rest_framework.authentication', 'TokenAuthentication', 'authenticate'),
     ('validate body (find_source, cached per process)', 'concepts.services', None, 'validate_match_body'),
     ('fingerprint (sha256 of the body)', 'workers.submission', None, 'fingerprint'),
-    ('gate acquire (1 EVALSHA via the Redis thread)', 'capacity.gate', None, 'admit'),
+    ('work key (sha256; the source version, cached per process)', 'workers.sharing', None, 'work_key'),
+    ('shared work: look for identical work (MGET)', 'workers.sharing', None, 'find'),
+    ('gate acquire (1 EVALSHA)', 'capacity.gate', None, 'admit'),
     ('decision counter (gathered; one flush job at a time)', 'capacity.counters', None, 'record_decision'),
     ('rate limit (DRF throttle: GET + SET)', 'api.views', 'HeavyCallView', 'check_rate_limits'),
+    ('shared work: claim it (SET NX)', 'workers.sharing', None, 'lead'),
     ('admission record (Admission.to_json)', 'capacity.admission', 'Admission', 'to_json'),
     ('insert call row, also the usage record (BEGIN + INSERT)', 'workers.models', 'HeavyCall', 'save'),
-    ('publish (send_task: one LPUSH)', 'workers.lifecycle', None, 'send'),
+    ('publish (send_task: one LPUSH)', 'workers.lifecycle.create', None, 'send'),
     ('commit (COMMIT)', 'django.db.backends.base.base', 'BaseDatabaseWrapper', 'commit'),
     ('capacity headers', 'api.views', None, 'headers'),
 )
@@ -142,18 +157,18 @@ def profile_sections(stack, calls):
         patched.append((owner, name, original))
     try:
         set_mode(stack, 'enforce')
-        client = Client(HTTP_AUTHORIZATION=f'Token {stack.token("core")}')
-        body = {'rows': [{'name': BODY_ROW}], 'target_repo_url': stack.source, 'limit': 5}
+        client = Client(HTTP_AUTHORIZATION=f'Token {stack.token("core")}', HTTP_PREFER='respond-async')
         paths = {'heavy': '/concepts/$match/?semantic=true', 'bare': '/bench/submit/'}
         totals = {'heavy': 0.0, 'bare': 0.0}
         for _ in range(20):  # warm: connections, caches
             for path in paths.values():
-                client.post(path, body, content_type='application/json')
+                client.post(path, new_body(stack), content_type='application/json')
         stack.reset_calls()
         for label in timings:
             timings[label] = 0.0
         for _ in range(calls):
             for name, path in paths.items():
+                body = new_body(stack)
                 started = time.perf_counter()
                 response = client.post(path, body, content_type='application/json')
                 totals[name] += time.perf_counter() - started
@@ -165,7 +180,7 @@ def profile_sections(stack, calls):
                 delattr(owner, name)
             else:
                 setattr(owner, name, original)
-    modes = mode_costs(stack, client, body, paths, max(20, calls // 10))
+    modes = mode_costs(stack, client, paths, max(20, calls // 10))
     # The bare path runs authenticate too: count only the heavy calls' share of it.
     per_call = {label: round(seconds / (2 * calls if label.startswith('authenticate') else calls) * 1000, 3)
                 for label, seconds in timings.items()}
@@ -175,7 +190,7 @@ def profile_sections(stack, calls):
             'sections_ms': per_call, 'unaccounted_ms': round(heavy - bare - steps, 3), 'modes_ms': modes}
 
 
-def mode_costs(stack, client, body, paths, block, rounds=8):
+def mode_costs(stack, client, paths, block, rounds=8):
     """Mean in-process ms per heavy call in each mode (and bare), in alternating blocks of `block` calls."""
     totals = {name: [] for name in ('bare', *MODES)}
     for round_number in range(rounds):
@@ -183,13 +198,19 @@ def mode_costs(stack, client, body, paths, block, rounds=8):
             if name != 'bare':
                 set_mode(stack, name, wait=False)  # only this process reads it
             path = paths['bare' if name == 'bare' else 'heavy']
+            bodies = [new_body(stack) for _ in range(block)]
             started = time.perf_counter()
-            for _ in range(block):
+            for body in bodies:
                 client.post(path, body, content_type='application/json')
             totals[name].append((time.perf_counter() - started) / block * 1000)
         stack.reset_calls()
     return {name: {'median_ms': round(statistics.median(values), 3),
                    'spread': round(max(values) / min(values), 2)} for name, values in totals.items()}
+
+
+def new_body(stack):
+    """A one-row `$match` body no other call of this process sent (identical calls would share one run)."""
+    return {'rows': [{'name': distinct(BODY_ROW)}], 'target_repo_url': stack.source, 'limit': 5}
 
 
 def _stat(pid):
@@ -256,14 +277,17 @@ def main():
             tempfile.TemporaryDirectory(prefix='hl-wrk-') as scratch:
         from workers.models import HeavyCall
 
-        body = {'rows': [{'name': BODY_ROW}], 'target_repo_url': stack.source, 'limit': 5}
-        script = lua_script(Path(scratch) / 'post.lua', stack.token('core'), body)
+        def script_for(run):
+            """The run's wrk script: its row names are `chest pain <run>-<n>`, distinct from any other run's."""
+            body = {'rows': [{'name': f'{BODY_ROW} {run}-{NUMBER}'}], 'target_repo_url': stack.source, 'limit': 5}
+            return lua_script(Path(scratch) / f'post-{run}.lua', stack.token('core'), body)
+
         targets = {'bare': f'{stack.url}/bench/submit/', **{mode: f'{stack.url}/concepts/$match/?semantic=true'
                                                               for mode in MODES}}
         # Warm every gunicorn worker on both paths (imports, connections, the config cache).
         set_mode(stack, 'enforce')
-        for url in (targets['bare'], targets['enforce']):
-            run_wrk(wrk, url, script, args.connections, 2)
+        for name in ('bare', 'enforce'):
+            run_wrk(wrk, targets[name], script_for(f'warm{name}'), args.connections, 2)
         stack.reset_calls()
 
         runs = {name: [] for name in targets}
@@ -274,6 +298,7 @@ def main():
                 if name != 'bare':
                     set_mode(stack, name)
                 stack.reset_calls()
+                script = script_for(f'{rep + 1}{name}')
                 cpu_before = server_cpu(stack)
                 result = run_wrk(wrk, targets[name], script, args.connections, seconds)
                 result['server_cpu_ms_per_request'] = round(
@@ -283,12 +308,14 @@ def main():
                     result['rows_written'] = HeavyCall.objects.count()
                     result['messages_queued'] = sum(stack.queue_depths().values())
                     result['leases_held'] = sum(stack.in_flight().values())
+                    result['served_as'] = stack.served_as()
                 runs[name].append(result)
                 print(f'rep {rep + 1} {name:>8}: {result["requests_per_s"]:8.1f} req/s  server CPU '
                       f'{result["server_cpu_ms_per_request"]:.2f} ms/req  p50 '
                       f'{result.get("p50_ms")} ms  p99 {result.get("p99_ms")} ms  non-2xx {result["non_2xx"]}'
                       + (f'  rows {result["rows_written"]} msgs {result["messages_queued"]} leases '
-                         f'{result["leases_held"]}' if name != 'bare' else ''), flush=True)
+                         f'{result["leases_held"]} served_as {result["served_as"]}' if name != 'bare' else ''),
+                      flush=True)
         stack.reset_calls()
         argv_example = runs['enforce'][0]['argv']
         profile = profile_sections(stack, args.profile) if args.profile else None
@@ -304,6 +331,9 @@ def main():
           f'enforce {summary["enforce"]["ratio"]:.2f} (target >= {TARGET}); shadow/off '
           f'{summary["shadow_vs_off"]:.2f} (by CPU {summary["shadow_vs_off_cpu"]:.2f}, enforce/off by CPU '
           f'{summary["enforce_vs_off_cpu"]:.2f}), bare run-to-run spread {summary["bare_spread"]:.2f}')
+    shared = {mode: sum(n for run in runs[mode] for kind, n in run['served_as'].items() if kind != 'run')
+              for mode in MODES}
+    print(f'heavy rows not served_as run (should be 0): {shared}')
     if profile:
         print(f'\nIn-process, {profile["calls"]} calls each: heavy {profile["heavy_ms"]:.2f} ms, bare '
               f'{profile["bare_ms"]:.2f} ms, extra {profile["extra_ms"]:.2f} ms per call:')
@@ -318,7 +348,7 @@ def main():
               f'enforce - off {modes["enforce"]["median_ms"] - modes["off"]["median_ms"]:+.2f} ms')
     write('submission', {
         'api_workers': args.api_workers, 'connections': args.connections, 'seconds': seconds, 'reps': args.reps,
-        'wrk': argv_example, 'runs': runs, 'summary': summary, 'profile': profile,
+        'wrk': argv_example, 'runs': runs, 'summary': summary, 'profile': profile, 'not_run': shared,
         'targets': {'heavy_vs_bare': TARGET,
                     'met': {mode: summary[mode]['ratio'] >= TARGET for mode in MODES}},
     })
