@@ -28,8 +28,9 @@ import statistics
 import sys
 import threading
 import time
+from collections import Counter
 
-from helpers import write
+from helpers import distinct, write
 from stack import Stack
 
 
@@ -39,12 +40,14 @@ def phrases():
 
 
 def bodies(source, rows, count, offset=0):
-    """`count` $match bodies of `rows` phrases each, cycling through the phrase list."""
+    """`count` $match bodies of `rows` phrases each, cycling through the phrase list; the first row's name
+    is numbered (helpers.distinct), so no two bodies are identical work (they would share one run)."""
     words = phrases()
     out = []
     for i in range(count):
         start = (offset + i * rows) % len(words)
         names = [words[(start + j) % len(words)] for j in range(rows)]
+        names[0] = distinct(names[0])
         out.append({'rows': [{'name': name} for name in names], 'target_repo_url': source, 'limit': 5})
     return out
 
@@ -129,7 +132,8 @@ def measure(ids, rows):
             'throughput_rows_per_s': round(total / wall, 1),
             'per_process_rows_per_s': round(total / busy, 1),
             'run_ms_median': round(statistics.median(runs) * 1000, 1),
-            'pool_processes_seen': len(workers)}
+            'pool_processes_seen': len(workers),
+            'served_as': dict(Counter(call.served_as for call in calls))}
 
 
 def main():
@@ -175,7 +179,8 @@ def main():
                 print(f'round {round_number + 1}, {size} process(es): {line["throughput_rows_per_s"]} rows/s through '
                       f'the lane ({line["calls"]} calls, {line["wall_seconds"]} s), {line["per_process_rows_per_s"]} '
                       f'rows/s per busy process, median call {line["run_ms_median"]} ms; '
-                      f'{line["pool_processes_seen"]} pool processes ran calls', flush=True)
+                      f'{line["pool_processes_seen"]} pool processes ran calls; served_as {line["served_as"]}',
+                      flush=True)
                 stack.reset_calls(purge=False)
         phases = {size: {key: round(statistics.median(line[key] for line in lines), 1) for key in
                          ('throughput_rows_per_s', 'per_process_rows_per_s', 'run_ms_median', 'wall_seconds')}
