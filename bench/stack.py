@@ -46,7 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from devstack.processes import Child, free_port, http_get, stop_children, tail  # noqa: E402  (no Django)
+from devstack.processes import Child, free_port, http_get, pids, stop_children, tail  # noqa: E402  (no Django)
 from devstack.redis_server import RedisStartError, start_redis  # noqa: E402
 from workers.lanes import QUEUE_NAMES  # noqa: E402  (the queue table, no Django)
 
@@ -209,6 +209,21 @@ class Stack:
                 return have
             time.sleep(0.2)
         raise StackError(f'pools are {self.pools()}, wanted {wanted}')
+
+    def pool_pids(self, queue):
+        """The pids of the lane worker's pool processes now: the children of its main process. A pool that
+        was grown forks its new processes a little later, and each loads the indexes on its first call."""
+        main = self.children[f'worker-{queue}'].pid
+        children = set()
+        for pid in pids():
+            try:
+                with open(f'/proc/{pid}/stat') as handle:
+                    fields = handle.read().rsplit(')', 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == main and fields[0] != 'Z':
+                children.add(pid)
+        return children
 
     def lane_keys(self):
         from django.conf import settings
