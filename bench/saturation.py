@@ -148,6 +148,14 @@ def client_loop(number, stack, token, deadline, backoff_cap, ledger, lock):
             with lock:
                 ledger.append(entry)
             continue
+        if response.status_code == 200:
+            # Waited for and answered as the in-request endpoint is: the result itself; Content-Location names
+            # the call's handle (/tasks/<id>/).
+            entry.update(id=response.headers.get('Content-Location', '').rstrip('/').rsplit('/', 1)[-1],
+                         outcome='succeeded', finished=time.monotonic())
+            with lock:
+                ledger.append(entry)
+            continue
         task = response.json()
         entry['id'] = task['id']
         # A long poll answers at once when this API host's waiting slots are taken: then its Retry-After
