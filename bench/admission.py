@@ -8,8 +8,9 @@ is a separate slot now, workers.submission.waiting_slot.)
 
     .venv/bin/python bench/admission.py [--calls 3000] [--redis redis://127.0.0.1:6379/12]
 
-Each round runs the floor and the gate one after the other, so both see the same machine. Targets: acquire
-at most 1.5x the floor, acquire + release at most 2.5x; acquire flat (within 1.5x) from 10 to 100,000 users.
+Each round runs the floor and the gate one after the other, so both see the same machine. Targets (issue
+16): acquire at most 1.25x the floor, acquire + release at most 2.3x; acquire flat (within 1.25x) from 10 to
+100,000 users.
 """
 import argparse
 import uuid
@@ -17,6 +18,7 @@ import uuid
 from helpers import setup_django, stats_us, timed, write
 
 HIGH = 100_000  # the largest limit the config takes: the benchmark measures the admitted path
+TARGETS = {'acquire_ratio': 1.25, 'acquire_release_ratio': 2.3, 'scale_spread': 1.25}
 
 
 def main():
@@ -98,10 +100,11 @@ def main():
     summary = {'acquire_ratio': results['small']['ratios']['acquire'],
                'acquire_release_ratio': results['small']['ratios']['acquire_release'],
                'scale_spread': round(max(scale) / min(scale), 2)}
-    print(f'acquire {summary["acquire_ratio"]}x the floor (target <= 1.5), acquire+release '
-          f'{summary["acquire_release_ratio"]}x (target <= 2.5), 10 -> 100,000 users spread '
-          f'{summary["scale_spread"]}x (target <= 1.5)')
-    write('admission', {'calls': args.calls, 'lanes': len(keys), 'results': results, 'summary': summary})
+    print(f'acquire {summary["acquire_ratio"]}x the floor (target <= {TARGETS["acquire_ratio"]}), acquire+release '
+          f'{summary["acquire_release_ratio"]}x (target <= {TARGETS["acquire_release_ratio"]}), 10 -> 100,000 '
+          f'users spread {summary["scale_spread"]}x (target <= {TARGETS["scale_spread"]})')
+    write('admission', {'calls': args.calls, 'lanes': len(keys), 'results': results, 'summary': summary,
+                        'targets': TARGETS, 'met': {name: summary[name] <= TARGETS[name] for name in TARGETS}})
     for key in client.scan_iter(match='{' + settings.CAPACITY_KEY_PREFIX + '}*', count=10_000):
         client.delete(key)
 
