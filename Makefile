@@ -43,6 +43,7 @@ bench: $(STAMP)
 	$(PY) bench/submission.py
 	$(PY) bench/roundtrip.py
 	$(PY) bench/work.py
+	$(PY) bench/sharing.py
 	$(PY) bench/saturation.py
 	$(PY) bench/quality.py
 

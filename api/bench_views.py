@@ -7,6 +7,11 @@ register `bench_match` too.
 - `POST /bench/submit/` — the submission floor (bench/submission.py): DRF token authentication, the JSON
   body parsed, a 202 with a handle-shaped body and a Location header. No validation, gate, rate limit,
   row, metering or enqueue.
+- `POST /bench/delay/?semantic=true` — the submission floor a Celery user writes by hand
+  (bench/submission.py): the body validated by the heavy view's own `validate_match_body`, then
+  `bench_match.apply_async(...)` on the lane queue the heavy call would use (what `.delay()` does, with the
+  queue named), the same broker and app; a 202 with the task id. No gate, rate limit, row, shared work or
+  capacity headers.
 - `POST /bench/roundtrip/?semantic=true[&interval=0.005]` — the round-trip floor (bench/roundtrip.py): the
   same body as `$match`, validated by the same function, then `bench_match.apply_async(...).get()` on the
   lane queue the heavy call would use, the same broker, workers and result backend (django-db). `interval`
@@ -68,6 +73,23 @@ class BareSubmitView(APIView):
                         status=status.HTTP_202_ACCEPTED, headers={'Location': url})
 
 
+class DelaySubmitView(APIView):
+    """Validate a `$match` body, publish its domain work with apply_async, answer 202 with the task id."""
+
+    permission_classes = (IsAuthenticated,)
+
+    def post(self, request):
+        from concepts import services
+        body = services.validate_match_body(request.data)
+        semantic = request.query_params.get('semantic', '').lower() in TRUTHY
+        reranker = request.query_params.get('reranker', '').lower() in TRUTHY
+        queue = route(MATCH, len(body['rows']), semantic).name
+        task = bench_match.apply_async(args=[body, semantic, reranker], queue=queue)
+        url = f'/tasks/{task.id}/'
+        return Response({'id': task.id, 'state': 'queued', 'url': url}, status=status.HTTP_202_ACCEPTED,
+                        headers={'Location': url})
+
+
 class BareRoundTripView(APIView):
     """Validate a `$match` body, run its domain work on the lane's queue with apply_async().get()."""
 
@@ -122,5 +144,6 @@ if os.environ.get('HEAVY_LANES_BENCH_DB_REUSE') == '1':
 
 urlpatterns = [
     path('submit/', BareSubmitView.as_view(), name='bench-submit'),
+    path('delay/', DelaySubmitView.as_view(), name='bench-delay'),
     path('roundtrip/', BareRoundTripView.as_view(), name='bench-roundtrip'),
 ]

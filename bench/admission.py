@@ -1,18 +1,24 @@
-"""Admission cost: the gate's acquire of a 5-lane call, and acquire + release, against the floor of one
-raw EVALSHA of the same acquire script on one Redis connection; and how acquire scales with the number of
-users holding leases (10, 1,000, 100,000).
+"""Admission cost: the gate's acquire of the widest call, and acquire + release, against the floor of one
+raw EVALSHA of the same acquire script with the same keys on one Redis connection; and how acquire scales
+with the number of users holding leases (10, 1,000, 100,000).
+
+The widest call is a semantic `$match` that waits in the request: api_heavy, es2_knn, tier and user, 4
+lanes. (It took 5 while a waiting request also took its host's api_heavy_task lane in the same acquire; that
+is a separate slot now, workers.submission.waiting_slot.)
 
     .venv/bin/python bench/admission.py [--calls 3000] [--redis redis://127.0.0.1:6379/12]
 
-Each round runs the floor and the gate one after the other, so both see the same machine. Targets: acquire
-at most 1.5x the floor, acquire + release at most 2.5x; acquire flat (within 1.5x) from 10 to 100,000 users.
+Each round runs the floor and the gate one after the other, so both see the same machine. Targets (issue
+16): acquire at most 1.25x the floor, acquire + release at most 2.3x; acquire flat (within 1.25x) from 10 to
+100,000 users.
 """
 import argparse
 import uuid
 
-from common import setup_django, stats_us, timed, write
+from helpers import setup_django, stats_us, timed, write
 
 HIGH = 100_000  # the largest limit the config takes: the benchmark measures the admitted path
+TARGETS = {'acquire_ratio': 1.25, 'acquire_release_ratio': 2.3, 'scale_spread': 1.25}
 
 
 def main():
@@ -51,13 +57,15 @@ def main():
                                    draws_on=queue.draws_on)
 
     probe = admit()
-    assert len(probe.keys) == 5 and probe.decision == 'admitted', probe.decision
-    keys, limits = probe.keys, [HIGH] * 5
+    assert probe.decision == 'admitted', probe.decision
+    keys = list(probe.keys)
+    limits = [HIGH] * len(keys)
     capacity_gate.release(probe)
+    print(f'a call takes {len(keys)} lanes: {", ".join(key.split("}:", 1)[1] for key in keys)}', flush=True)
 
     def floor():
         token = uuid.uuid4().hex
-        raw.evalsha(acquire_sha, 6, *keys, expired_key(), token, 60_000, '0', 2**62, *limits)
+        raw.evalsha(acquire_sha, len(keys) + 1, *keys, expired_key(), token, 60_000, '0', 2**62, *limits)
         return token
 
     results = {}
@@ -92,10 +100,11 @@ def main():
     summary = {'acquire_ratio': results['small']['ratios']['acquire'],
                'acquire_release_ratio': results['small']['ratios']['acquire_release'],
                'scale_spread': round(max(scale) / min(scale), 2)}
-    print(f'acquire {summary["acquire_ratio"]}x the floor (target <= 1.5), acquire+release '
-          f'{summary["acquire_release_ratio"]}x (target <= 2.5), 10 -> 100,000 users spread '
-          f'{summary["scale_spread"]}x (target <= 1.5)')
-    write('admission', {'calls': args.calls, 'results': results, 'summary': summary})
+    print(f'acquire {summary["acquire_ratio"]}x the floor (target <= {TARGETS["acquire_ratio"]}), acquire+release '
+          f'{summary["acquire_release_ratio"]}x (target <= {TARGETS["acquire_release_ratio"]}), 10 -> 100,000 '
+          f'users spread {summary["scale_spread"]}x (target <= {TARGETS["scale_spread"]})')
+    write('admission', {'calls': args.calls, 'lanes': len(keys), 'results': results, 'summary': summary,
+                        'targets': TARGETS, 'met': {name: summary[name] <= TARGETS[name] for name in TARGETS}})
     for key in client.scan_iter(match='{' + settings.CAPACITY_KEY_PREFIX + '}*', count=10_000):
         client.delete(key)
 

@@ -7,9 +7,13 @@ workers (/bench/roundtrip/, api/bench_views.py).
 
 A private stack (bench/stack.py) with one `interactive` lane worker (pool 1: a one-row call's lane), mode
 enforce for every client (enforce_for=all) with the default limits: one call at a time is always admitted.
-One client, one call at a time; the variants alternate call by call so they see the same machine:
+One client, one call at a time; the variants alternate call by call so they see the same machine. Every
+measured call, on every path, has a row of its own (`shortness of breath <n>`): identical calls would share
+work (workers.sharing), and the stack has warm results off, so each heavy call runs its own work (its row's
+`served_as` is `run`; the script reports it):
 
-- `heavy_wait`: POST with `Prefer: wait=30` -> 200 with the result (the API waits on Redis pub/sub);
+- `heavy_wait`: POST with `Prefer: wait=30` -> 200 with the result, as the in-request endpoint answers
+  (the API waits on Redis pub/sub);
 - `heavy_poll`: POST -> 202, then `GET /tasks/<id>/?wait=30` (long-poll) -> the result;
 - `bare_default`: the bare view, `.get()` with Celery's default poll interval of the django-db result
   backend (0.5 s);
@@ -30,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, write
+from helpers import ROOT, distinct, write
 from stack import Stack
 
 TARGET = 1.5
@@ -76,17 +80,22 @@ def main():
         from concepts import services
         from workers.models import HeavyCall
 
-        body = {'rows': [{'name': ROW}], 'target_repo_url': stack.source, 'limit': 5}
+        def body_of(name):
+            return {'rows': [{'name': name}], 'target_repo_url': stack.source, 'limit': 5}
+
+        body = body_of(ROW)
         session = requests.Session()
         session.headers['Authorization'] = f'Token {stack.token("core")}'
         match_url = f'{stack.url}/concepts/$match/?semantic=true'
 
-        def heavy_wait():
+        def heavy_wait(body):
+            # Answered as the in-request endpoint would be: 200 with the result; the call's handle is named by
+            # Content-Location (/tasks/<id>/).
             response = session.post(match_url, json=body, headers={'Prefer': 'wait=30'}, timeout=60)
-            assert response.status_code == 200 and response.json()['state'] == 'succeeded', response.text
-            return response.json()['id'], response.json()['result']
+            assert response.status_code == 200 and 'Content-Location' in response.headers, response.text
+            return response.headers['Content-Location'].rstrip('/').rsplit('/', 1)[-1], response.json()
 
-        def heavy_poll():
+        def heavy_poll(body):
             response = session.post(match_url, json=body, headers={'Prefer': 'respond-async'}, timeout=60)
             assert response.status_code == 202, response.text
             task = session.get(f'{stack.url}{response.json()["url"]}?wait=30', timeout=60).json()
@@ -94,7 +103,7 @@ def main():
             return task['id'], task['result']
 
         def bare(interval):
-            def call():
+            def call(body):
                 response = session.post(f'{stack.url}/bench/roundtrip/?semantic=true&interval={interval}',
                                         json=body, timeout=60)
                 assert response.status_code == 200, response.text
@@ -103,10 +112,11 @@ def main():
 
         calls = {'heavy_wait': heavy_wait, 'heavy_poll': heavy_poll, 'bare_default': bare(0.5),
                  'bare_fast': bare(0.005)}
-        results = {name: call()[1] for name, call in calls.items()}  # warm: the index in the pool process
+        # Warm: the index in the pool process. The same row on every path, to compare their results.
+        results = {name: call(body_of(ROW))[1] for name, call in calls.items()}
         for _ in range(3):
             for call in calls.values():
-                call()
+                call(body_of(distinct(ROW)))
         same = all(result['results'] == results['heavy_wait']['results'] for result in results.values())
 
         samples = {name: [] for name in VARIANTS}
@@ -114,8 +124,9 @@ def main():
         for i in range(args.calls):
             order = VARIANTS[i % 4:] + VARIANTS[:i % 4]
             for name in order:
+                call_body = body_of(distinct(ROW))
                 started = time.perf_counter()
-                call_id, _ = calls[name]()
+                call_id, _ = calls[name](call_body)
                 samples[name].append(time.perf_counter() - started)
                 if call_id:
                     heavy_ids.append(call_id)
@@ -127,6 +138,7 @@ def main():
             services.run_match(services.validate_match(body), semantic=True, reranker=False)
             work.append(time.perf_counter() - started)
         phases = call_phases(HeavyCall.objects.filter(pk__in=heavy_ids))
+        served_as = stack.served_as(heavy_ids)
 
     summary = {name: stats_ms(values) for name, values in samples.items()}
     summary['domain_work'] = stats_ms(work)
@@ -147,11 +159,13 @@ def main():
           f'{ratios["heavy_poll_vs_bare_fast"]}x (target <= {TARGET}); vs the default .get() '
           f'{ratios["heavy_wait_vs_bare_default"]}x; the default .get() is {ratios["bare_default_vs_bare_fast"]}x '
           f'the fair one; same results on every path: {same}')
+    print(f'heavy calls by how they were served: {served_as} (every one should be run)')
     if args.plot:
         plot(args.plot, samples, work)
     name = 'roundtrip' + ('-projection-fix' if args.projection_fix else '') + ('-db-reuse' if args.db_reuse else '')
     write(name, {'projection_fix': args.projection_fix, 'db_reuse': args.db_reuse, 'calls': args.calls, 'api_workers': args.api_workers, 'row': ROW, 'summary': summary,
                         'ratios': ratios, 'heavy_phases_ms': phases, 'same_results': same,
+                        'served_as': served_as,
                         'samples_ms': {name: [round(v * 1000, 2) for v in values] for name, values in samples.items()},
                         'targets': {'heavy_vs_bare_fast': TARGET,
                                     'met': ratios['heavy_wait_vs_bare_fast'] <= TARGET

@@ -13,7 +13,8 @@ four demo users in turn, each with one call at a time, in the load generator's m
 single 5, bulk 3, bulk-rerank 1, rerank 1): `single` is a one-row semantic `$match` sent as an old client
 would (`Prefer: wait=5`, so it also takes the API host's lane); the others are capacity-aware
 (`X-OCL-Event-Metadata: {"capacity_aware": "true"}`, `Prefer: respond-async`) bulk calls of 10 rows, then
-long-poll their task. A refused client waits min(Retry-After, --backoff-cap) s (x U(0.5, 1)) before its
+long-poll their task. Each call's first row (or `q`) carries a number, so no two calls are identical work
+(they would share one run, taking no lease). A refused client waits min(Retry-After, --backoff-cap) s (x U(0.5, 1)) before its
 next call, to keep the pressure at the factor asked for (a well-behaved client waits the whole Retry-After).
 
 The sampler reads, every 50 ms with one pipeline, ZCOUNT <lane> (now, +inf) of every lane key (now from
@@ -32,7 +33,7 @@ import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from common import ROOT, lane_limit, write
+from helpers import ROOT, distinct, lane_limit, write
 from stack import Stack
 
 SAMPLE_SECONDS = 0.05
@@ -121,7 +122,9 @@ def client_loop(number, stack, token, deadline, backoff_cap, ledger, lock):
     kinds, weights = zip(*MIX)
     while time.monotonic() < deadline:
         kind = rng.choices(kinds, weights)[0]
-        path, body, headers = call_request(kind, stack.source, rng.sample(PHRASES, BULK_ROWS + 1))
+        rows = rng.sample(PHRASES, BULK_ROWS + 1)
+        rows[0] = distinct(rows[0])  # no two calls are identical work (they would share one run)
+        path, body, headers = call_request(kind, stack.source, rows)
         entry = {'client': number, 'kind': kind, 'sent': time.monotonic()}
         try:
             response = session.post(f'{stack.url}{path}', json=body, timeout=30,
@@ -145,6 +148,14 @@ def client_loop(number, stack, token, deadline, backoff_cap, ledger, lock):
             continue
         if response.status_code not in (200, 202):
             entry.update(outcome='error', detail=response.text[:200])
+            with lock:
+                ledger.append(entry)
+            continue
+        if response.status_code == 200:
+            # Waited for and answered as the in-request endpoint is: the result itself; Content-Location names
+            # the call's handle (/tasks/<id>/).
+            entry.update(id=response.headers.get('Content-Location', '').rstrip('/').rsplit('/', 1)[-1],
+                         outcome='succeeded', finished=time.monotonic())
             with lock:
                 ledger.append(entry)
             continue
@@ -225,6 +236,7 @@ def main():
         depths = stack.queue_depths()
         from workers.models import HeavyCall
         states = Counter(HeavyCall.objects.values_list('state', flat=True))
+        served_as = stack.served_as()
 
     outcomes = Counter(entry['outcome'] for entry in ledger)
     refused = [entry for entry in ledger if entry['outcome'] == 'refused']
@@ -251,7 +263,8 @@ def main():
     retry_values = Counter(entry.get('retry_after') for entry in refused)
     print(f'Retry-After values on refusals: {dict(sorted(retry_values.items(), key=lambda kv: str(kv[0])))}; '
           f'refusals by scope: {dict(Counter(entry.get("scope") for entry in refused))}')
-    print(f'call rows by state: {dict(states)}; leases left: {leftover or 0}; queue depths: {depths}')
+    print(f'call rows by state: {dict(states)}, by how they were served: {served_as}; leases left: '
+          f'{leftover or 0}; queue depths: {depths}')
     for name, ok in checks.items():
         print(f'  {"PASS" if ok else "FAIL"} {name}')
     if sampler.error:
@@ -271,7 +284,7 @@ def main():
         'samples': len(sampler.samples), 'sample_interval_ms': {
             'median': round(statistics.median(gaps) * 1000, 1), 'max': round(max(gaps) * 1000, 1)},
         'max_in_flight': maxima, 'violations': sampler.violations[:20], 'leases_left': leftover,
-        'call_states': dict(states), 'checks': checks, 'plot': args.plot or None,
+        'call_states': dict(states), 'served_as': served_as, 'checks': checks, 'plot': args.plot or None,
     })
     sys.exit(0 if all(checks.values()) else 1)
 

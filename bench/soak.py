@@ -36,7 +36,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 
-from common import lane_limit, write
+from helpers import lane_limit, write
 from stack import HOME, Stack
 
 from devstack.processes import Child, stop_children, tail

@@ -19,6 +19,12 @@ benchmark's config change applies within 1.5 s), and the heavy rate limit is `HE
 here 100000/s: never throttles, while DRF's per-user history stays about as long as production's 600/min).
 HEAVY_LANES_BENCH_VIEWS=true adds the floor views of api/bench_views.py under /bench/.
 
+Warm results are off (`cache.ttl_seconds: 0`, in the config saved before anything starts) unless the
+benchmark's own `config` sets `cache`: a benchmark that measures runs must not be answered from an earlier
+identical call's result. Identical calls still coalesce while one is open (that has no switch), so a
+benchmark that sends calls side by side makes each body distinct (`helpers.distinct`); `served_as()`
+shows how the calls were served.
+
 The match indexes are built once into bench/out/stack/var/indexes/ and reused while the terminology is
 unchanged (they are keyed by its checksum). `stop()` stops the API and the workers, then Redis, and drops
 the database; it runs from `with`, atexit, and on SIGTERM/SIGINT. One stack at a time (a lock file).
@@ -40,7 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from devstack.processes import Child, free_port, http_get, stop_children, tail  # noqa: E402  (no Django)
+from devstack.processes import Child, free_port, http_get, pids, stop_children, tail  # noqa: E402  (no Django)
 from devstack.redis_server import RedisStartError, start_redis  # noqa: E402
 from workers.lanes import QUEUE_NAMES  # noqa: E402  (the queue table, no Django)
 
@@ -48,6 +54,7 @@ HOME = ROOT / 'bench' / 'out' / 'stack'
 PG_ADMIN_URL = os.environ.get('BENCH_PG_ADMIN_URL', 'postgresql://postgres@127.0.0.1:5432/postgres')
 DB_NAME = os.environ.get('BENCH_DB_NAME', 'heavy_lanes_bench')
 SOURCES = {'hpo': '/orgs/HPO/sources/HPO/', 'tiny': '/orgs/HL/sources/TinyClinical/'}
+NO_WARM_RESULTS = {'cache': {'ttl_seconds': 0}}  # a benchmark measures runs, not an earlier call's result
 READY_SECONDS = 120
 CONFIG_SECONDS = 1  # CAPACITY_CONFIG_CACHE_SECONDS and WORKERS_RECONCILE_SECONDS of the stack
 
@@ -70,11 +77,12 @@ class Stack:
     def __init__(self, api_workers=3, lanes=None, terminology='hpo', config=None, env=None,
                  bench_views=True, quiet=False):
         """`lanes`: {queue: pool size} of the lane workers to start (default: one worker per queue, pools
-        from the default config); `config`: capacity config changes saved before anything starts."""
+        from the default config); `config`: capacity config changes saved before anything starts, over
+        NO_WARM_RESULTS (a `cache` key of its own replaces that)."""
         self.api_workers = api_workers
         self.lanes = dict(lanes) if lanes is not None else {queue: None for queue in QUEUE_NAMES}
         self.terminology = terminology
-        self.initial_config = config or {}
+        self.initial_config = {**NO_WARM_RESULTS, **(config or {})}
         self.extra_env = env or {}
         self.bench_views = bench_views
         self.quiet = quiet
@@ -135,8 +143,7 @@ class Stack:
             self._start_redis()
             self._prepare()
             self.django()
-            if self.initial_config:
-                self.set_config(wait=False, **self.initial_config)
+            self.set_config(wait=False, **self.initial_config)
             self._start_api()
             self._start_workers()
             self._wait_ready()
@@ -203,6 +210,21 @@ class Stack:
             time.sleep(0.2)
         raise StackError(f'pools are {self.pools()}, wanted {wanted}')
 
+    def pool_pids(self, queue):
+        """The pids of the lane worker's pool processes now: the children of its main process. A pool that
+        was grown forks its new processes a little later, and each loads the indexes on its first call."""
+        main = self.children[f'worker-{queue}'].pid
+        children = set()
+        for pid in pids():
+            try:
+                with open(f'/proc/{pid}/stat') as handle:
+                    fields = handle.read().rsplit(')', 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == main and fields[0] != 'Z':
+                children.add(pid)
+        return children
+
     def lane_keys(self):
         from django.conf import settings
         return sorted(key.decode() for key in self.redis.scan_iter(
@@ -231,21 +253,33 @@ class Stack:
         return depths
 
     def reset_calls(self, purge=True):
-        """Forget every call: empty the queues and the lanes, delete the calls' rows and results."""
+        """Forget every call: empty the queues and the lanes, give up the works' claims and warm results
+        (a claim left to a deleted row makes an identical call wait for that row), delete the calls' rows
+        and results."""
         from django.conf import settings
         from django.db import connection
         if purge:
             for queue in QUEUE_NAMES:
                 for name in [queue] + [f'{queue}\x06\x16{level}' for level in (0, 3, 6, 9)]:
                     self.redis.delete(name)
-        for key in self.redis.scan_iter(match='{' + settings.CAPACITY_KEY_PREFIX + '}:*', count=1000):
-            self.redis.delete(key)
+        prefix = settings.CAPACITY_KEY_PREFIX
+        for pattern in ('{' + prefix + '}:*', f'{prefix}:claim:work:*', f'{prefix}:warm:*'):
+            for key in self.redis.scan_iter(match=pattern, count=1000):
+                self.redis.delete(key)
         from django_celery_results.models import TaskResult
 
         from workers.models import HeavyCall
         tables = ', '.join(model._meta.db_table for model in (HeavyCall, TaskResult))
         with connection.cursor() as cursor:
             cursor.execute(f'TRUNCATE {tables}')
+
+    def served_as(self, ids=None):
+        """{served_as: calls} of the call rows (of `ids`, or all): `run` for a call whose own work ran."""
+        from django.db.models import Count
+
+        from workers.models import HeavyCall
+        calls = HeavyCall.objects.all() if ids is None else HeavyCall.objects.filter(pk__in=list(ids))
+        return {row['served_as']: row['n'] for row in calls.order_by().values('served_as').annotate(n=Count('id'))}
 
     def wait_drained(self, timeout=120):
         """Wait until no message waits in a queue and no call is queued or running."""

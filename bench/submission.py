@@ -1,6 +1,11 @@
 """Submission throughput: heavy `POST /concepts/$match/?semantic=true` -> 202 through the real API server,
-against a bare DRF view on the same server that authenticates and answers 202 (/bench/submit/), at the
-same concurrency, in runs that alternate; and the heavy call in each capacity mode (off, shadow, enforce).
+in each capacity mode (off, shadow, enforce), against two floors on the same server, at the same
+concurrency, in runs that alternate:
+
+- `delay`: the view a Celery user writes by hand (/bench/delay/, api/bench_views.py): the body validated
+  as the heavy view validates it, then the task's apply_async on the same lane queue and broker, 202 with
+  the task id. No gate, no row. The targets are against this one.
+- `bare`: a DRF view that authenticates, parses and answers 202 (/bench/submit/): no validation, no publish.
 
     .venv/bin/python bench/submission.py [--api-workers 3] [--connections 8] [--seconds 5] [--reps 4]
                                          [--profile 500]
@@ -9,18 +14,22 @@ A private stack (bench/stack.py): gunicorn with N sync workers, its own Redis an
 no lane workers, so the measurement is the submission alone (a worker running the calls would take the
 same two cores). Before every run the queues are purged and the lanes, call rows and results are
 cleared, so each run starts from the same state. Load comes from `wrk` (one thread) with a Lua script for
-the POST and its headers; one user (demo-core); one row per call (the `interactive` lane).
+the POST and its headers (`Prefer: respond-async`: without it the API waits for the result); one user
+(demo-core); one row per call (the `interactive` lane), whose name carries the run and a counter, so every
+call is distinct work (identical calls would join the first one's work: no lease, no message) and the
+heavy calls' rows must all be `served_as` run.
 
 What each mode does per call: `off` validates, writes the call row (also its usage record) and publishes the
 message (no Redis lease, no capacity headers); `shadow` also takes a lease in every lane that applies
 (api_heavy, es2_knn, tier, user) with force, so it is always admitted; `enforce` (enforce_for=all, every
 limit at 100,000 so every call is admitted) takes the same leases only when there is room. In shadow and
 enforce each lease lasts the queue deadline and each message waits in the broker: the reset before each run
-clears them. The DRF rate limit is 100000/s (see bench/stack.py). Target: heavy >= 70 % of the bare
-view's requests/s in every mode; shadow within noise of off.
+clears them. The DRF rate limit is 100000/s (see bench/stack.py). Targets: heavy >= 0.85x the delay view's
+requests/s in off and >= 0.8x in shadow and enforce; shadow >= 0.95x off. The ratio to the bare view is
+reported too.
 
-`--profile N` (default 500; 0 skips it) then times N heavy calls (enforce) and N bare calls in this process
-through Django's test client against the same database and Redis, with a timer around each step of the
+`--profile N` (default 500; 0 skips it) then times N heavy calls (enforce), N delay and N bare calls in this
+process through Django's test client against the same database and Redis, with a timer around each step of the
 heavy path (the functions in SECTIONS), and prints where the extra time per call goes. In-process times
 leave out the HTTP server, which both paths share.
 """
@@ -36,15 +45,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import write
+from helpers import distinct, write
 from stack import Stack
 
 from devstack.processes import pids
 
 HIGH = 100_000  # the largest limit the config takes
-TARGET = 0.70
+TARGETS = {'off': 0.85, 'shadow': 0.80, 'enforce': 0.80}  # heavy / the delay view, requests/s
+SHADOW_VS_OFF_TARGET = 0.95
 MODES = ('off', 'shadow', 'enforce')
+FLOORS = ('bare', 'delay')
 BODY_ROW = 'chest pain'
+NUMBER = '@N@'  # where the Lua script writes its request counter into the row's name
 
 
 def ensure_wrk():
@@ -55,12 +67,20 @@ def ensure_wrk():
 
 
 def lua_script(path, token, body):
-    """A wrk script that POSTs `body` as JSON with the token; the token stays out of the process list."""
+    """A wrk script that POSTs `body` as JSON with the token and `Prefer: respond-async`, NUMBER in it
+    replaced by the request's number (1, 2, ... in this wrk process: one thread, one counter), so no two
+    requests are identical work. The token stays out of the process list."""
+    head, tail = json.dumps(body).split(NUMBER)
     text = '\n'.join([
         'wrk.method = "POST"',
-        f'wrk.body = {json.dumps(json.dumps(body))}',
         'wrk.headers["Content-Type"] = "application/json"',
         f'wrk.headers["Authorization"] = "Token {token}"',
+        'wrk.headers["Prefer"] = "respond-async"',
+        'local number = 0',
+        'request = function()',
+        '    number = number + 1',
+        f'    return wrk.format(nil, nil, nil, {json.dumps(head)} .. number .. {json.dumps(tail)})',
+        'end',
         '',
     ])
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -105,19 +125,23 @@ SECTIONS = (
     ('authenticate (token, 1 query)', 'rest_framework.authentication', 'TokenAuthentication', 'authenticate'),
     ('validate body (find_source, cached per process)', 'concepts.services', None, 'validate_match'),
     ('fingerprint (sha256 of the body)', 'workers.submission', None, 'fingerprint'),
-    ('gate acquire (1 EVALSHA via the Redis thread)', 'capacity.gate', None, 'admit'),
+    ('work key (sha256; the source version, cached per process)', 'workers.sharing', None, 'work_key'),
+    ('shared work: look for identical work (MGET)', 'workers.sharing', None, 'find'),
+    ('gate acquire (1 EVALSHA)', 'capacity.gate', None, 'admit'),
     ('decision counter (gathered; one flush job at a time)', 'capacity.counters', None, 'record_decision'),
     ('rate limit (DRF throttle: GET + SET)', 'api.views', 'HeavyCallView', 'check_rate_limits'),
+    ('shared work: claim it (SET NX)', 'workers.sharing', None, 'lead'),
     ('admission record (Admission.to_json)', 'capacity.admission', 'Admission', 'to_json'),
     ('insert call row, also the usage record (BEGIN + INSERT)', 'workers.models', 'HeavyCall', 'save'),
-    ('publish (send_task: one LPUSH)', 'workers.lifecycle', None, 'send'),
+    ('publish (send_task: one LPUSH)', 'workers.lifecycle.create', None, 'send'),
     ('commit (COMMIT)', 'django.db.backends.base.base', 'BaseDatabaseWrapper', 'commit'),
     ('capacity headers', 'api.views', None, 'headers'),
 )
 
 
 def profile_sections(stack, calls):
-    """{label: mean ms per heavy call} of each step, and the mean in-process time of both paths."""
+    """{label: mean ms per heavy call} of each step, and the mean in-process time of the heavy and bare paths;
+    then each mode's and each floor's in alternating blocks (`mode_costs`). Every call is distinct work."""
     import importlib
 
     from django.test import Client
@@ -142,18 +166,18 @@ def profile_sections(stack, calls):
         patched.append((owner, name, original))
     try:
         set_mode(stack, 'enforce')
-        client = Client(HTTP_AUTHORIZATION=f'Token {stack.token("core")}')
-        body = {'rows': [{'name': BODY_ROW}], 'target_repo_url': stack.source, 'limit': 5}
+        client = Client(HTTP_AUTHORIZATION=f'Token {stack.token("core")}', HTTP_PREFER='respond-async')
         paths = {'heavy': '/concepts/$match/?semantic=true', 'bare': '/bench/submit/'}
         totals = {'heavy': 0.0, 'bare': 0.0}
         for _ in range(20):  # warm: connections, caches
             for path in paths.values():
-                client.post(path, body, content_type='application/json')
+                client.post(path, new_body(stack), content_type='application/json')
         stack.reset_calls()
         for label in timings:
             timings[label] = 0.0
         for _ in range(calls):
             for name, path in paths.items():
+                body = new_body(stack)
                 started = time.perf_counter()
                 response = client.post(path, body, content_type='application/json')
                 totals[name] += time.perf_counter() - started
@@ -165,7 +189,8 @@ def profile_sections(stack, calls):
                 delattr(owner, name)
             else:
                 setattr(owner, name, original)
-    modes = mode_costs(stack, client, body, paths, max(20, calls // 10))
+    paths['delay'] = '/bench/delay/?semantic=true'
+    modes = mode_costs(stack, client, paths, max(20, calls // 10))
     # The bare path runs authenticate too: count only the heavy calls' share of it.
     per_call = {label: round(seconds / (2 * calls if label.startswith('authenticate') else calls) * 1000, 3)
                 for label, seconds in timings.items()}
@@ -175,21 +200,29 @@ def profile_sections(stack, calls):
             'sections_ms': per_call, 'unaccounted_ms': round(heavy - bare - steps, 3), 'modes_ms': modes}
 
 
-def mode_costs(stack, client, body, paths, block, rounds=8):
-    """Mean in-process ms per heavy call in each mode (and bare), in alternating blocks of `block` calls."""
-    totals = {name: [] for name in ('bare', *MODES)}
+def mode_costs(stack, client, paths, block, rounds=10):
+    """Mean in-process ms per call of each floor and of the heavy call in each mode, in alternating blocks of
+    `block` calls."""
+    order = (*FLOORS, *MODES)
+    totals = {name: [] for name in order}
     for round_number in range(rounds):
-        for name in ('bare', *MODES)[round_number % 4:] + ('bare', *MODES)[:round_number % 4]:
-            if name != 'bare':
+        for name in order[round_number % len(order):] + order[:round_number % len(order)]:
+            if name not in FLOORS:
                 set_mode(stack, name, wait=False)  # only this process reads it
-            path = paths['bare' if name == 'bare' else 'heavy']
+            path = paths.get(name, paths['heavy'])
+            bodies = [new_body(stack) for _ in range(block)]
             started = time.perf_counter()
-            for _ in range(block):
+            for body in bodies:
                 client.post(path, body, content_type='application/json')
             totals[name].append((time.perf_counter() - started) / block * 1000)
         stack.reset_calls()
     return {name: {'median_ms': round(statistics.median(values), 3),
                    'spread': round(max(values) / min(values), 2)} for name, values in totals.items()}
+
+
+def new_body(stack):
+    """A one-row `$match` body no other call of this process sent (identical calls would share one run)."""
+    return {'rows': [{'name': distinct(BODY_ROW)}], 'target_repo_url': stack.source, 'limit': 5}
 
 
 def _stat(pid):
@@ -243,7 +276,7 @@ def main():
     parser.add_argument('--api-workers', type=int, default=3)
     parser.add_argument('--connections', type=int, default=8, help='wrk connections (the concurrency)')
     parser.add_argument('--seconds', type=float, default=5, help='length of one run')
-    parser.add_argument('--reps', type=int, default=4, help='rounds of bare, off, shadow, enforce')
+    parser.add_argument('--reps', type=int, default=4, help='rounds of bare, delay, off, shadow, enforce')
     parser.add_argument('--terminology', default='hpo', choices=('hpo', 'tiny'))
     parser.add_argument('--profile', type=int, default=500, metavar='N',
                         help='calls of each path timed step by step in-process (0: skip)')
@@ -256,39 +289,50 @@ def main():
             tempfile.TemporaryDirectory(prefix='hl-wrk-') as scratch:
         from workers.models import HeavyCall
 
-        body = {'rows': [{'name': BODY_ROW}], 'target_repo_url': stack.source, 'limit': 5}
-        script = lua_script(Path(scratch) / 'post.lua', stack.token('core'), body)
-        targets = {'bare': f'{stack.url}/bench/submit/', **{mode: f'{stack.url}/concepts/$match/?semantic=true'
-                                                              for mode in MODES}}
-        # Warm every gunicorn worker on both paths (imports, connections, the config cache).
+        def script_for(run):
+            """The run's wrk script: its rows are named `chest pain <run>-<n>`, distinct from any other run's."""
+            body = {'rows': [{'name': f'{BODY_ROW} {run}-{NUMBER}'}], 'target_repo_url': stack.source,
+                    'limit': 5}
+            return lua_script(Path(scratch) / f'post-{run}.lua', stack.token('core'), body)
+
+        heavy_url = f'{stack.url}/concepts/$match/?semantic=true'
+        targets = {'bare': f'{stack.url}/bench/submit/', 'delay': f'{stack.url}/bench/delay/?semantic=true',
+                   **{mode: heavy_url for mode in MODES}}
+        # Warm every gunicorn worker on every path (imports, connections, the config cache).
         set_mode(stack, 'enforce')
-        for url in (targets['bare'], targets['enforce']):
-            run_wrk(wrk, url, script, args.connections, 2)
+        for name in ('bare', 'delay', 'enforce'):
+            run_wrk(wrk, targets[name], script_for(f'warm{name}'), args.connections, 2)
         stack.reset_calls()
 
         runs = {name: [] for name in targets}
-        order = ['bare', *MODES]
+        order = [*FLOORS, *MODES]
         for rep in range(args.reps):
             rotated = order[rep % len(order):] + order[:rep % len(order)]
             for name in rotated:
-                if name != 'bare':
+                if name in MODES:
                     set_mode(stack, name)
                 stack.reset_calls()
+                script = script_for(f'{rep + 1}{name}')
                 cpu_before = server_cpu(stack)
                 result = run_wrk(wrk, targets[name], script, args.connections, seconds)
                 result['server_cpu_ms_per_request'] = round(
                     cpu_seconds_between(cpu_before, server_cpu(stack)) * 1000 / max(result['requests'], 1), 3)
+                extra = ''
                 if name != 'bare':
                     time.sleep(0.3)  # requests still in flight when wrk stopped
-                    result['rows_written'] = HeavyCall.objects.count()
                     result['messages_queued'] = sum(stack.queue_depths().values())
+                    extra = f'  msgs {result["messages_queued"]}'
+                if name in MODES:
+                    result['rows_written'] = HeavyCall.objects.count()
                     result['leases_held'] = sum(stack.in_flight().values())
+                    result['served_as'] = stack.served_as()
+                    extra = (f'  rows {result["rows_written"]}{extra} leases {result["leases_held"]} '
+                             f'served_as {result["served_as"]}')
                 runs[name].append(result)
                 print(f'rep {rep + 1} {name:>8}: {result["requests_per_s"]:8.1f} req/s  server CPU '
                       f'{result["server_cpu_ms_per_request"]:.2f} ms/req  p50 '
                       f'{result.get("p50_ms")} ms  p99 {result.get("p99_ms")} ms  non-2xx {result["non_2xx"]}'
-                      + (f'  rows {result["rows_written"]} msgs {result["messages_queued"]} leases '
-                         f'{result["leases_held"]}' if name != 'bare' else ''), flush=True)
+                      + extra, flush=True)
         stack.reset_calls()
         argv_example = runs['enforce'][0]['argv']
         profile = profile_sections(stack, args.profile) if args.profile else None
@@ -298,12 +342,24 @@ def main():
         line = summary[name]
         print(f'{name:>8}: median {line["median_rps"]:8.1f} req/s (runs {line["rps"]}), server CPU '
               f'{line["cpu_ms_per_request"]:.2f} ms/req'
-              + (f'  = {line["ratio"]:.2f}x bare (per-rep {line["ratios"]}); by CPU {line["cpu_ratio"]:.2f}x'
-                 if name != 'bare' else ''))
+              + (f'  = {line["vs_delay"]:.2f}x delay (per-rep {line["vs_delay_runs"]}; by CPU '
+                 f'{line["vs_delay_cpu"]:.2f}x), {line["ratio"]:.2f}x bare (by CPU {line["cpu_ratio"]:.2f}x)'
+                 if name in MODES else '')
+              + (f'  = {line["ratio"]:.2f}x bare (by CPU {line["cpu_ratio"]:.2f}x)'
+                 if name == 'delay' else ''))
+    met = {mode: summary[mode]['vs_delay'] >= TARGETS[mode] for mode in MODES}
+    met['shadow_vs_off'] = summary['shadow_vs_off'] >= SHADOW_VS_OFF_TARGET
+    print('heavy/delay: ' + ', '.join(f'{mode} {summary[mode]["vs_delay"]:.2f} (target >= {TARGETS[mode]})'
+                                      for mode in MODES)
+          + f'; shadow/off {summary["shadow_vs_off"]:.2f} (target >= {SHADOW_VS_OFF_TARGET}; by CPU '
+          f'{summary["shadow_vs_off_cpu"]:.2f}, enforce/off by CPU {summary["enforce_vs_off_cpu"]:.2f})')
     print(f'heavy/bare: off {summary["off"]["ratio"]:.2f}, shadow {summary["shadow"]["ratio"]:.2f}, '
-          f'enforce {summary["enforce"]["ratio"]:.2f} (target >= {TARGET}); shadow/off '
-          f'{summary["shadow_vs_off"]:.2f} (by CPU {summary["shadow_vs_off_cpu"]:.2f}, enforce/off by CPU '
-          f'{summary["enforce_vs_off_cpu"]:.2f}), bare run-to-run spread {summary["bare_spread"]:.2f}')
+          f'enforce {summary["enforce"]["ratio"]:.2f}; delay/bare {summary["delay"]["ratio"]:.2f}; '
+          f'run-to-run '
+          f'spread bare {summary["bare_spread"]:.2f}, delay {summary["delay_spread"]:.2f}')
+    shared = {mode: sum(n for run in runs[mode] for kind, n in run['served_as'].items() if kind != 'run')
+              for mode in MODES}
+    print(f'heavy rows not served_as run (should be 0): {shared}')
     if profile:
         print(f'\nIn-process, {profile["calls"]} calls each: heavy {profile["heavy_ms"]:.2f} ms, bare '
               f'{profile["bare_ms"]:.2f} ms, extra {profile["extra_ms"]:.2f} ms per call:')
@@ -312,23 +368,26 @@ def main():
         print(f'  {profile["unaccounted_ms"]:7.3f} ms  the rest of the heavy view (DRF, routing, Prefer, config, '
               f'the row object, the 202 body)')
         modes = profile['modes_ms']
-        print('In-process ms per call by mode (alternating blocks; median, max/min spread): '
+        print('In-process ms per call (alternating blocks; median, max/min spread): '
               + ', '.join(f'{name} {line["median_ms"]:.2f} (x{line["spread"]})' for name, line in modes.items())
               + f'; shadow - off {modes["shadow"]["median_ms"] - modes["off"]["median_ms"]:+.2f} ms, '
-              f'enforce - off {modes["enforce"]["median_ms"] - modes["off"]["median_ms"]:+.2f} ms')
+              f'enforce - off {modes["enforce"]["median_ms"] - modes["off"]["median_ms"]:+.2f} ms, '
+              f'off - delay {modes["off"]["median_ms"] - modes["delay"]["median_ms"]:+.2f} ms')
     write('submission', {
         'api_workers': args.api_workers, 'connections': args.connections, 'seconds': seconds, 'reps': args.reps,
-        'wrk': argv_example, 'runs': runs, 'summary': summary, 'profile': profile,
-        'targets': {'heavy_vs_bare': TARGET,
-                    'met': {mode: summary[mode]['ratio'] >= TARGET for mode in MODES}},
+        'wrk': argv_example, 'runs': runs, 'summary': summary, 'profile': profile, 'not_run': shared,
+        'targets': {'heavy_vs_delay': TARGETS, 'shadow_vs_off': SHADOW_VS_OFF_TARGET, 'met': met},
     })
 
 
 def summarize(runs):
+    """Medians per path, and each path's ratios to the floors (requests/s, and the CPU alone allows)."""
     summary = {}
-    bare = [run['requests_per_s'] for run in runs['bare']]
-    bare_median = statistics.median(bare)
-    bare_cpu = statistics.median(run['server_cpu_ms_per_request'] for run in runs['bare'])
+    floors = {}
+    for floor in FLOORS:
+        rps = [run['requests_per_s'] for run in runs[floor]]
+        floors[floor] = {'rps': rps, 'median': statistics.median(rps),
+                         'cpu': statistics.median(run['server_cpu_ms_per_request'] for run in runs[floor])}
     for name, items in runs.items():
         rps = [run['requests_per_s'] for run in items]
         cpu = [run['server_cpu_ms_per_request'] for run in items]
@@ -337,16 +396,23 @@ def summarize(runs):
                 'p50_ms': statistics.median(run.get('p50_ms') or 0 for run in items),
                 'p99_ms': statistics.median(run.get('p99_ms') or 0 for run in items),
                 'non_2xx': sum(run['non_2xx'] for run in items)}
+        # Throughput the CPU alone allows, relative to a floor: the floor's CPU per request / this path's.
         if name != 'bare':
-            line['ratio'] = round(line['median_rps'] / bare_median, 3)
-            line['ratios'] = [round(x / b, 2) for x, b in zip(rps, bare)]
-            # Throughput the CPU alone allows, relative to bare: bare's CPU per request / this path's.
-            line['cpu_ratio'] = round(bare_cpu / line['cpu_ms_per_request'], 3)
+            line['ratio'] = round(line['median_rps'] / floors['bare']['median'], 3)
+            line['ratios'] = [round(x / b, 2) for x, b in zip(rps, floors['bare']['rps'])]
+            line['cpu_ratio'] = round(floors['bare']['cpu'] / line['cpu_ms_per_request'], 3)
+        if name in MODES:
+            line['vs_delay'] = round(line['median_rps'] / floors['delay']['median'], 3)
+            line['vs_delay_runs'] = [round(x / b, 2) for x, b in zip(rps, floors['delay']['rps'])]
+            line['vs_delay_cpu'] = round(floors['delay']['cpu'] / line['cpu_ms_per_request'], 3)
         summary[name] = line
     summary['shadow_vs_off'] = round(summary['shadow']['median_rps'] / summary['off']['median_rps'], 3)
-    summary['shadow_vs_off_cpu'] = round(summary['off']['cpu_ms_per_request'] / summary['shadow']['cpu_ms_per_request'], 3)
-    summary['enforce_vs_off_cpu'] = round(summary['off']['cpu_ms_per_request'] / summary['enforce']['cpu_ms_per_request'], 3)
-    summary['bare_spread'] = round(max(bare) / min(bare), 3)
+    summary['shadow_vs_off_cpu'] = round(summary['off']['cpu_ms_per_request']
+                                         / summary['shadow']['cpu_ms_per_request'], 3)
+    summary['enforce_vs_off_cpu'] = round(summary['off']['cpu_ms_per_request']
+                                          / summary['enforce']['cpu_ms_per_request'], 3)
+    for floor in FLOORS:
+        summary[f'{floor}_spread'] = round(max(floors[floor]['rps']) / min(floors[floor]['rps']), 3)
     return summary
 
 

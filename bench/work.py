@@ -8,12 +8,17 @@ A private stack (bench/stack.py), mode shadow (every call admitted and queued), 
 (bulk semantic calls) whose pool is resized through the capacity config (es2_knn = reserve + processes) by
 the workers' own reconciler. For each pool size P, 2P client threads keep the pool busy: each submits a
 call of `--rows` lay phrases (heavy_lanes_client.phrases) with `Prefer: respond-async` and watches its row
-in the database (a long-poll would hold one of the API's sync workers for the whole call), until `--calls-per-process` x P calls finished; the sizes alternate for `--rounds` rounds (1, 2, 1, 2) and
-each figure is the median over rounds. From the calls' rows:
+in the database (a long-poll would hold one of the API's sync workers for the whole call), until
+`--calls-per-process` x P calls finished; the sizes alternate for `--rounds` rounds (1, 2, 1, 2) and each
+figure is the median over rounds. Before each round, small calls warm the pool until it has P processes
+and each has run a call (a grown pool forks its new process late, and a process loads the indexes on its
+first call). From the calls' rows:
 
 - throughput: all rows / (last finish - first submit), the rate a user of the lane sees;
 - per process: rows / seconds a pool process spent running calls (started -> finished), i.e. what one
-  worker process does while busy.
+  worker process does while busy;
+- which pool processes ran calls (pids from the rows' `worker`) and the most calls running at one moment,
+  which show that a P-process round had P processes working side by side.
 
 Floor: `concepts.services.run_match(body, semantic=True)` on the same bodies in this process (one process,
 no queue). Scaling: throughput with 2 processes / with 1 (2.0 would be perfect; the machine has
@@ -28,8 +33,9 @@ import statistics
 import sys
 import threading
 import time
+from collections import Counter
 
-from common import write
+from helpers import distinct, write
 from stack import Stack
 
 
@@ -39,12 +45,14 @@ def phrases():
 
 
 def bodies(source, rows, count, offset=0):
-    """`count` $match bodies of `rows` phrases each, cycling through the phrase list."""
+    """`count` $match bodies of `rows` phrases each, cycling through the phrase list; the first row's name
+    is numbered (helpers.distinct), so no two bodies are identical work (they would share one run)."""
     words = phrases()
     out = []
     for i in range(count):
         start = (offset + i * rows) % len(words)
         names = [words[(start + j) % len(words)] for j in range(rows)]
+        names[0] = distinct(names[0])
         out.append({'rows': [{'name': name} for name in names], 'target_repo_url': source, 'limit': 5})
     return out
 
@@ -115,6 +123,45 @@ def drive(stack, token, work, threads):
     return ids
 
 
+def pid_of(worker):
+    """The pool process of a call's `worker` ('<node> pid <pid>'), or None."""
+    pid = worker.rpartition(' pid ')[2]
+    return int(pid) if pid.isdigit() else None
+
+
+def warm_pool(stack, token, size, timeout=120):
+    """Send small calls until the lane worker has `size` pool processes and each of them has run one; return
+    their pids.
+
+    A pool grown by the reconciler forks its new process only later, and a process loads the indexes on its
+    first call (~2 s for HPO). Warming with a fixed handful of calls left the new process cold or unborn:
+    the old one took every warm-up call, then the measured ones while the new one loaded, and the 2-process
+    round measured one process (`1 pool processes ran calls`).
+    """
+    from workers.models import HeavyCall
+    deadline = time.monotonic() + timeout
+    warmed = set()
+    while True:
+        live = stack.pool_pids('es2_knn')
+        if len(live) == size and live <= warmed:
+            return live
+        if time.monotonic() > deadline:
+            raise RuntimeError(f'pool processes {sorted(live)} (wanted {size}), warmed {sorted(warmed)}')
+        ids = drive(stack, token, bodies(stack.source, 2, 3 * size), 2 * size)
+        ran = HeavyCall.objects.filter(pk__in=ids).values_list('worker', flat=True)
+        warmed |= {pid_of(worker) for worker in ran}
+
+
+def side_by_side(calls):
+    """The most calls that ran at the same moment (from their rows' started/finished)."""
+    events = sorted([(call.started_at, 1) for call in calls] + [(call.finished_at, -1) for call in calls])
+    running = most = 0
+    for _, step in events:  # at a tie an end sorts first: back-to-back calls don't overlap
+        running += step
+        most = max(most, running)
+    return most
+
+
 def measure(ids, rows):
     from workers.models import HeavyCall
     calls = list(HeavyCall.objects.filter(pk__in=ids))
@@ -124,12 +171,15 @@ def measure(ids, rows):
     busy = sum((call.finished_at - call.started_at).total_seconds() for call in calls)
     runs = sorted((call.finished_at - call.started_at).total_seconds() for call in calls)
     total = rows * len(calls)
-    workers = {call.worker for call in calls}
+    per_process = Counter(pid_of(call.worker) for call in calls)
     return {'calls': len(calls), 'rows': total, 'wall_seconds': round(wall, 3),
             'throughput_rows_per_s': round(total / wall, 1),
             'per_process_rows_per_s': round(total / busy, 1),
             'run_ms_median': round(statistics.median(runs) * 1000, 1),
-            'pool_processes_seen': len(workers)}
+            'pool_processes_seen': len(per_process),
+            'calls_per_process': sorted(per_process.values(), reverse=True),
+            'most_side_by_side': side_by_side(calls),
+            'served_as': dict(Counter(call.served_as for call in calls))}
 
 
 def main():
@@ -166,16 +216,19 @@ def main():
             for size in sizes:
                 stack.set_config(es2_knn=1 + size)  # reserve_single_row is 1: the bulk pool is es2_knn - 1
                 stack.wait_pools({'es2_knn': size})
-                drive(stack, token, bodies(stack.source, 2, 3 * size), 2 * size)  # warm: each process loads the index
+                live = warm_pool(stack, token, size)
                 stack.reset_calls(purge=False)
                 ids = drive(stack, token, bodies(stack.source, args.rows, args.calls_per_process * size, round_number),
                             2 * size)
                 line = measure(ids, args.rows)
+                line['pool_processes'] = len(live)
                 rounds[size].append(line)
                 print(f'round {round_number + 1}, {size} process(es): {line["throughput_rows_per_s"]} rows/s through '
                       f'the lane ({line["calls"]} calls, {line["wall_seconds"]} s), {line["per_process_rows_per_s"]} '
                       f'rows/s per busy process, median call {line["run_ms_median"]} ms; '
-                      f'{line["pool_processes_seen"]} pool processes ran calls', flush=True)
+                      f'{line["pool_processes_seen"]} of {len(live)} pool processes ran calls '
+                      f'{line["calls_per_process"]}, at most {line["most_side_by_side"]} side by side; served_as '
+                      f'{line["served_as"]}', flush=True)
                 stack.reset_calls(purge=False)
         phases = {size: {key: round(statistics.median(line[key] for line in lines), 1) for key in
                          ('throughput_rows_per_s', 'per_process_rows_per_s', 'run_ms_median', 'wall_seconds')}
@@ -186,6 +239,10 @@ def main():
         summary[f'throughput_{size}'] = line['throughput_rows_per_s']
         summary[f'per_process_{size}'] = line['per_process_rows_per_s']
         summary[f'per_process_{size}_vs_floor'] = round(line['per_process_rows_per_s'] / base['rows_per_s'], 2)
+        summary[f'side_by_side_{size}'] = min(round_line['most_side_by_side'] for round_line in line['rounds'])
+    short = [size for size in sizes if summary[f'side_by_side_{size}'] < size]
+    if short:
+        print(f'WARNING: a round of {short} process(es) never had that many calls running at once')
     if len(sizes) >= 2:
         summary['scaling'] = round(phases[sizes[1]]['throughput_rows_per_s'] / phases[sizes[0]]['throughput_rows_per_s'], 2)
         print(f'{sizes[0]} -> {sizes[1]} processes: throughput x{summary["scaling"]}')

@@ -3,6 +3,7 @@
 Benchmarks measure a thing and its floor side by side in one run and report ratios, because absolute
 times on a shared 2-core machine are noisy. Each script writes its numbers to bench/out/<name>.json.
 """
+import itertools
 import json
 import os
 import statistics
@@ -26,6 +27,16 @@ def setup_django(redis_url='redis://127.0.0.1:6379/12', prefix='hlbench'):
     from django.core.management import call_command
     call_command('migrate', verbosity=0)
     return var
+
+
+_numbers = itertools.count(1)
+
+
+def distinct(text):
+    """`text` with a number no other call of this process got. Identical calls share one run (workers.sharing:
+    an identical call sent while one is open joins it), so a benchmark that measures runs makes every
+    call's body distinct, e.g. its first row's name."""
+    return f'{text} {next(_numbers)}'  # next() on a count is atomic: threads get distinct numbers
 
 
 def stats_us(samples_s):
