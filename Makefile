@@ -44,6 +44,7 @@ bench: $(STAMP)
 	$(PY) bench/roundtrip.py
 	$(PY) bench/work.py
 	$(PY) bench/sharing.py
+	$(PY) bench/waiting.py
 	$(PY) bench/saturation.py
 	$(PY) bench/quality.py
 

@@ -8,7 +8,7 @@ register `bench_match` too.
   body parsed, a 202 with a handle-shaped body and a Location header. No validation, gate, rate limit,
   row, metering or enqueue.
 - `POST /bench/delay/?semantic=true` — the submission floor a Celery user writes by hand
-  (bench/submission.py): the body validated by the heavy view's own `validate_match_body`, then
+  (bench/submission.py): the body validated by the heavy view's own `validate_match`, then
   `bench_match.apply_async(...)` on the lane queue the heavy call would use (what `.delay()` does, with the
   queue named), the same broker and app; a 202 with the task id. No gate, rate limit, row, shared work or
   capacity headers.
@@ -80,10 +80,10 @@ class DelaySubmitView(APIView):
 
     def post(self, request):
         from concepts import services
-        body = services.validate_match_body(request.data)
+        body = services.validate_match(request.data, request.query_params)
         semantic = request.query_params.get('semantic', '').lower() in TRUTHY
         reranker = request.query_params.get('reranker', '').lower() in TRUTHY
-        queue = route(MATCH, len(body['rows']), semantic).name
+        queue = route(MATCH, len(body['body']['rows']), semantic).name
         task = bench_match.apply_async(args=[body, semantic, reranker], queue=queue)
         url = f'/tasks/{task.id}/'
         return Response({'id': task.id, 'state': 'queued', 'url': url}, status=status.HTTP_202_ACCEPTED,

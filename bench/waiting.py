@@ -140,7 +140,7 @@ def main():
     parser.add_argument('--rounds', type=int, default=2)
     args = parser.parse_args()
     print('$', ' '.join([os.path.relpath(sys.executable), *sys.argv]), flush=True)
-    from bench.common import write
+    from bench.helpers import write
 
     wide = {'staff': 500, 'core': 500, 'early_access': 500, 'preview': 500}
     config = {'mode': 'shadow', 'es2_knn': 1, 'per_user': wide, 'tiers': wide, 'cache': {'ttl_seconds': 0},
