@@ -78,3 +78,17 @@ def lane_limit(key, tag, config, user_tier):
     if lane == 'user':
         return config['per_user'][user_tier.get(part, 'preview')]
     return None
+
+
+def lane_limits(pools):
+    """Config changes that give the lane pools the sizes asked for ({queue: n}), with room elsewhere.
+
+    interactive = reserve_single_row, es2_knn = es2_knn - reserve, api_heavy = api_heavy.cluster - reserve.
+    """
+    reserve = pools.get('interactive') or 1
+    changes = {'reserve_single_row': reserve}
+    if 'es2_knn' in pools and pools['es2_knn'] is not None:
+        changes['es2_knn'] = reserve + pools['es2_knn']
+    if 'api_heavy' in pools and pools['api_heavy'] is not None:
+        changes['api_heavy'] = {'cluster': reserve + pools['api_heavy']}
+    return changes

@@ -37,13 +37,13 @@ import time
 from collections import Counter, defaultdict
 
 from helpers import lane_limit, write
+from soak_sampler import Sampler
 from stack import HOME, Stack
 
 from devstack.processes import Child, stop_children, tail
 from devstack.redis_server import RedisStartError, start_redis
 from workers.lanes import QUEUE_NAMES, QUEUES
 
-SAMPLE_SECONDS = 0.05
 DEADLINE_SECONDS = 0.3
 RETRY_SECONDS = 5
 VISIBILITY_SECONDS = 10
@@ -74,59 +74,6 @@ def broker_depths(client):
         depths[queue] += depth
     unacked = client.hlen('unacked')
     return depths, unacked
-
-
-class Sampler(threading.Thread):
-    """In-flight per lane key every 50 ms from the lanes Redis; skips samples while `hung` is set."""
-
-    def __init__(self, url, tag, limit_of, known, hung):
-        super().__init__(name='soak-sampler', daemon=True)
-        import redis
-        self.client = redis.Redis.from_url(url, socket_timeout=0.2, socket_connect_timeout=0.2)
-        self.tag, self.limit_of, self.known, self.hung = tag, limit_of, list(known), hung
-        self.stop_event = threading.Event()
-        self.samples = []   # (t, {key: count})
-        self.skipped = 0    # during the hang (not attempted)
-        self.failed = 0     # attempted, Redis did not answer in time
-        self.started = None
-        self.error = None
-
-    def run(self):
-        try:
-            self._run()
-        except Exception as ex:  # noqa: BLE001 - reported as a failed check
-            self.error = f'{type(ex).__name__}: {ex}'
-
-    def _run(self):
-        import redis
-        keys, keys_at = list(self.known), 0.0
-        self.started = time.monotonic()
-        next_at = self.started
-        while not self.stop_event.is_set():
-            now = time.monotonic()
-            if self.hung.is_set():
-                self.skipped += 1
-            else:
-                try:
-                    if now - keys_at >= 1.0:
-                        found = {k.decode() for k in self.client.scan_iter(match=self.tag + '*', count=1000)
-                                 if b':stats:' not in k}
-                        keys, keys_at = sorted(set(self.known) | found), now
-                    seconds, micros = self.client.time()
-                    now_ms = seconds * 1000 + micros // 1000
-                    pipe = self.client.pipeline(transaction=False)
-                    for key in keys:
-                        pipe.zcount(key, f'({now_ms}', '+inf')
-                    counts = dict(zip(keys, pipe.execute()))
-                    self.samples.append((round(time.monotonic() - self.started, 3), counts))
-                except redis.RedisError:
-                    self.failed += 1
-            next_at += SAMPLE_SECONDS
-            self.stop_event.wait(max(0.0, next_at - time.monotonic()))
-
-    def stop(self):
-        self.stop_event.set()
-        self.join(5)
 
 
 def main():

@@ -46,6 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.helpers import lane_limits  # noqa: E402
 from devstack.processes import Child, free_port, http_get, pids, stop_children, tail  # noqa: E402  (no Django)
 from devstack.redis_server import RedisStartError, start_redis  # noqa: E402
 from workers.lanes import QUEUE_NAMES  # noqa: E402  (the queue table, no Django)
@@ -396,20 +397,6 @@ class Stack:
         wanted = {queue: size for queue, size in self.lanes.items() if size is not None}
         if wanted:
             self.wait_pools(wanted)
-
-
-def lane_limits(pools):
-    """Config changes that give the lane pools the sizes asked for ({queue: n}), with room elsewhere.
-
-    interactive = reserve_single_row, es2_knn = es2_knn - reserve, api_heavy = api_heavy.cluster - reserve.
-    """
-    reserve = pools.get('interactive') or 1
-    changes = {'reserve_single_row': reserve}
-    if 'es2_knn' in pools and pools['es2_knn'] is not None:
-        changes['es2_knn'] = reserve + pools['es2_knn']
-    if 'api_heavy' in pools and pools['api_heavy'] is not None:
-        changes['api_heavy'] = {'cluster': reserve + pools['api_heavy']}
-    return changes
 
 
 def with_redis(command):
