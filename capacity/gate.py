@@ -40,42 +40,58 @@ def admit(user, endpoint='', rows=0, semantic=False, reranker=False, waits=False
     if config['mode'] == OFF:
         return Admission(decision=None, token=token, mode=OFF, facts=facts)
     store = store or get_store()
+    host = settings.CAPACITY_TASK_ID
     call = decisions.Call(
         endpoint=endpoint, rows=rows, tier=None, user_id=getattr(user, 'pk', None), semantic=bool(semantic),
-        reranker=bool(reranker), waits=bool(waits), host=settings.CAPACITY_TASK_ID, queue=queue,
-        draws_on=draws_on, wait_slot=wait_slot)
+        reranker=bool(reranker), waits=bool(waits), host=host, queue=queue, draws_on=draws_on,
+        wait_slot=wait_slot)
+    # The Admission a failure below reports: what was known when it happened.
     admission = Admission(decision=Decision.UNAVAILABLE, token=token, call=call, mode=config['mode'],
                           facts=facts)
     try:
-        call = dataclasses.replace(call, tier=get_tier(user))
+        # Built once on the admitted path: this function is on every heavy call's way (bench/admission.py).
+        call = decisions.Call(
+            endpoint=endpoint, rows=rows, tier=get_tier(user), user_id=call.user_id, semantic=call.semantic,
+            reranker=call.reranker, waits=call.waits, host=host, queue=queue, draws_on=draws_on,
+            wait_slot=wait_slot)
         enforced = wait_slot or decisions.is_enforced(config, facts.aware)
         lanes = decisions.lanes_for(config, call, enforced=enforced)
         keys = [lane_key(item.lane, *item.parts) for item in lanes]
+        limits = [item.limit for item in lanes]
         if lease_ms is None:
             seconds = config['queue']['deadline_seconds'] if queue else config['lease_seconds']
             lease_ms = seconds * 1000
-        admission = Admission(
+        uncounted = Admission(  # what a failure from here on reports
             decision=Decision.UNAVAILABLE, token=token, call=call, mode=config['mode'], enforced=enforced,
             lanes=tuple(LaneState(item.lane, key, item.limit) for item, key in zip(lanes, keys)),
             lease_ms=lease_ms, facts=facts)
         if not store.is_available():
-            return with_suggested(admission.with_error(failopen.SKIPPED))
+            return with_suggested(uncounted.with_error(failopen.SKIPPED))
+        admission = uncounted
         try:
-            acquired = store.acquire(keys, [item.limit for item in lanes], token, lease_ms, force=not enforced)
+            acquired = store.acquire(keys, limits, token, lease_ms, force=not enforced)
         except UNKNOWN_OUTCOME:
             # No answer is not "nothing taken": Redis may run it from its input buffer after we gave up.
             # The release sent once Redis answers again lands after it and undoes it.
             store.releases.defer(keys, token)
             raise
         decision, full = decisions.decide(lanes, acquired.counts, acquired.taken)
-        counted = tuple(LaneState(state.lane, state.key, state.limit, count + int(acquired.taken))
-                        for state, count in zip(admission.lanes, acquired.counts))
+        taken = int(acquired.taken)
+        counted = tuple(LaneState(item.lane, key, item.limit, count + taken)
+                        for item, key, count in zip(lanes, keys, acquired.counts))
+        retry = (decisions.retry_after(config, lanes, acquired.counts, full)
+                 if decision in (Decision.SHADOW_REFUSED, Decision.REFUSED) else None)
+        suggested, error = None, None
+        try:
+            suggested = decisions.suggested_concurrency(
+                {state.lane: state.limit for state in counted}, {state.lane: state.count for state in counted})
+        except Exception as ex:  # noqa: BLE001 - a header must never fail the call
+            error = failopen.record(None, ex, 'suggested concurrency')
         admission = Admission(
             decision=decision, token=token, call=call, mode=config['mode'], enforced=enforced, lanes=counted,
-            full=full, holding=acquired.taken, lease_ms=lease_ms, facts=facts)
-        if decision in (Decision.SHADOW_REFUSED, Decision.REFUSED):
-            admission = _replace(admission, retry_after=decisions.retry_after(config, lanes, acquired.counts, full))
-        return with_suggested(admission)
+            full=full, holding=acquired.taken, lease_ms=lease_ms, facts=facts, retry_after=retry,
+            suggested=suggested)
+        return admission.with_error(error) if error else admission
     except Exception as ex:  # noqa: BLE001 - the one place admission fails open
         error = failopen.record(None, ex, 'acquire', store)
         if admission.holding and admission.decision not in (None, Decision.UNAVAILABLE):
