@@ -102,6 +102,14 @@ def run(call_id, perform=None, node='', soft_limit=None):
 
 def run_loaded(call, perform, node, soft_limit):
     worker = lifecycle.worker_name(node)
+    config = get_config()
+    admission = lifecycle.admission_of(call)
+    lease = admission.worker_lease(config['lease_seconds'] * 1000)
+    # A queued call's leases last until its queue deadline. Shorten them to the worker's before the row
+    # says running: a node lost between the two then leaves them for lease_seconds, not for the deadline.
+    # (Should the call not start here after all, its leases are released or renewed where it ends or runs.)
+    early = lease.holding and call.state == State.QUEUED
+    renewed = lease.renew() if early else False
     start = lifecycle.start(call, worker)
     if start.kind == lifecycle.EXPIRE:
         lifecycle.end_unstarted(call.pk, State.EXPIRED)
@@ -111,13 +119,10 @@ def run_loaded(call, perform, node, soft_limit):
     if start.kind != lifecycle.RUN:
         return None  # cancelled (or already finished) before it started: its leases were released then
 
-    config = get_config()
-    admission = lifecycle.admission_of(call)
-    lease = admission.worker_lease(config['lease_seconds'] * 1000)
     running = Work()
     heartbeat = None
     try:  # from here on the call is ours: whatever stops it (its soft time limit too) ends it here
-        if lease.holding and not lease.renew():
+        if lease.holding and not renewed and (early or not lease.renew()):
             if not (start.redelivered and lease.retake(admission.worker_limits())):
                 lease.lease_lost = True
                 logger.warning('Heavy call %s runs without its leases (lease_lost)', call.pk)
