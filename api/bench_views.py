@@ -73,17 +73,22 @@ class BareSubmitView(APIView):
                         status=status.HTTP_202_ACCEPTED, headers={'Location': url})
 
 
+def prepared(request):
+    """A `$match` request as the heavy view validates it: (payload, semantic, reranker, its queue)."""
+    from concepts import services
+    payload = services.validate_match(request.data, request.query_params)
+    semantic = request.query_params.get('semantic', '').lower() in TRUTHY
+    reranker = request.query_params.get('reranker', '').lower() in TRUTHY
+    return payload, semantic, reranker, route(MATCH, len(payload['body']['rows']), semantic).name
+
+
 class DelaySubmitView(APIView):
     """Validate a `$match` body, publish its domain work with apply_async, answer 202 with the task id."""
 
     permission_classes = (IsAuthenticated,)
 
     def post(self, request):
-        from concepts import services
-        body = services.validate_match(request.data, request.query_params)
-        semantic = request.query_params.get('semantic', '').lower() in TRUTHY
-        reranker = request.query_params.get('reranker', '').lower() in TRUTHY
-        queue = route(MATCH, len(body['body']['rows']), semantic).name
+        body, semantic, reranker, queue = prepared(request)
         task = bench_match.apply_async(args=[body, semantic, reranker], queue=queue)
         url = f'/tasks/{task.id}/'
         return Response({'id': task.id, 'state': 'queued', 'url': url}, status=status.HTTP_202_ACCEPTED,
@@ -96,12 +101,8 @@ class BareRoundTripView(APIView):
     permission_classes = (IsAuthenticated,)
 
     def post(self, request):
-        from concepts import services
-        body = services.validate_match(request.data, request.query_params)
-        semantic = request.query_params.get('semantic', '').lower() in TRUTHY
-        reranker = request.query_params.get('reranker', '').lower() in TRUTHY
+        body, semantic, reranker, queue = prepared(request)
         interval = float(request.query_params.get('interval', DEFAULT_INTERVAL))
-        queue = route(MATCH, len(body['body']['rows']), semantic).name
         result = bench_match.apply_async(args=[body, semantic, reranker], queue=queue).get(
             timeout=GET_TIMEOUT, interval=interval)
         return Response({'state': 'succeeded', 'result': result})
