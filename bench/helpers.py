@@ -92,3 +92,62 @@ def lane_limits(pools):
     if 'api_heavy' in pools and pools['api_heavy'] is not None:
         changes['api_heavy'] = {'cluster': reserve + pools['api_heavy']}
     return changes
+
+
+def wait_state(call_id, states, timeout=60, interval=0.002):
+    """Poll the call's row until its state is one of `states`; return it (or the last seen at the timeout)."""
+    from workers.models import HeavyCall
+    deadline = time.monotonic() + timeout
+    while True:
+        state = HeavyCall.objects.filter(pk=call_id).values_list('state', flat=True).first()
+        if state in states or time.monotonic() > deadline:
+            return state
+        time.sleep(interval)
+
+
+def drive(stack, token, bodies, clients, interval=0.01):
+    """Send `bodies` in order from `clients` threads, one `$match` call in flight each (respond-async, then
+    watching its row every `interval` s until it ends, rather than long-polling: a long poll holds an API
+    thread, and the API, not the lane, would set the pace); return the call ids. Raises when any call
+    didn't succeed."""
+    import threading
+
+    import requests
+    from django.db import connection
+
+    pending = list(reversed(bodies))
+    lock = threading.Lock()
+    ids, failures = [], []
+
+    def client():
+        session = requests.Session()
+        session.headers['Authorization'] = f'Token {token}'
+        try:
+            while True:
+                with lock:
+                    if not pending:
+                        return
+                    body = pending.pop()
+                response = session.post(f'{stack.url}/concepts/$match/?semantic=true', json=body,
+                                        headers={'Prefer': 'respond-async'}, timeout=60)
+                if response.status_code != 202:
+                    failures.append(response.text[:200])
+                    continue
+                call_id = response.json()['id']
+                state = wait_state(call_id, ('succeeded', 'failed', 'cancelled', 'expired'), timeout=120,
+                                   interval=interval)
+                with lock:
+                    ids.append(call_id)
+                if state != 'succeeded':
+                    failures.append(f'{call_id}: {state}')
+        finally:
+            connection.close()  # this thread's own database connection
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise RuntimeError(f'{len(failures)} calls failed: {failures[:3]}')
+    return ids

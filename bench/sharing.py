@@ -27,11 +27,10 @@ import argparse
 import os
 import statistics
 import sys
-import threading
 import time
 from collections import Counter
 
-from helpers import distinct, write
+from helpers import distinct, drive, wait_state, write
 from stack import Stack
 
 from heavy_lanes_client.phrases import PHRASES
@@ -64,17 +63,6 @@ def call_id_of(response):
     if response.status_code == 200:
         return response.headers['Content-Location'].rstrip('/').rsplit('/', 1)[-1]
     return response.json()['id']
-
-
-def wait_state(call_id, states, timeout=60, interval=0.002):
-    """Poll the call's row until its state is one of `states`; return it (or the last seen at the timeout)."""
-    from workers.models import HeavyCall
-    deadline = time.monotonic() + timeout
-    while True:
-        state = HeavyCall.objects.filter(pk=call_id).values_list('state', flat=True).first()
-        if state in states or time.monotonic() > deadline:
-            return state
-        time.sleep(interval)
 
 
 def latencies(stack, session, url, reps, rows):
@@ -144,49 +132,6 @@ def bulk_bodies(source, rows, calls, kind, start):
     order += new[len(new) - REPEAT_AFTER:]
     return order
 
-
-def drive(stack, token, bodies, clients):
-    """Send the bodies in order from `clients` threads, one call in flight each (respond-async, then watching
-    the row until it ends); return the call ids."""
-    import requests
-    from django.db import connection
-
-    pending = list(reversed(bodies))
-    lock = threading.Lock()
-    ids, failures = [], []
-
-    def client():
-        session = requests.Session()
-        session.headers['Authorization'] = f'Token {token}'
-        try:
-            while True:
-                with lock:
-                    if not pending:
-                        return
-                    body = pending.pop()
-                response = session.post(f'{stack.url}/concepts/$match/?semantic=true', json=body,
-                                        headers={'Prefer': 'respond-async'}, timeout=60)
-                if response.status_code != 202:
-                    failures.append(response.text[:200])
-                    continue
-                call_id = response.json()['id']
-                state = wait_state(call_id, ('succeeded', 'failed', 'cancelled', 'expired'), timeout=120,
-                                   interval=0.01)
-                with lock:
-                    ids.append(call_id)
-                if state != 'succeeded':
-                    failures.append(f'{call_id}: {state}')
-        finally:
-            connection.close()  # this thread's own database connection
-
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if failures:
-        raise RuntimeError(f'{len(failures)} calls failed: {failures[:3]}')
-    return ids
 
 
 def throughput(ids):

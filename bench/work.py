@@ -31,11 +31,10 @@ import argparse
 import os
 import statistics
 import sys
-import threading
 import time
 from collections import Counter
 
-from helpers import distinct, write
+from helpers import distinct, drive, write
 from stack import Stack
 
 
@@ -67,60 +66,6 @@ def floor(source, rows, calls):
     seconds = time.perf_counter() - started
     return {'rows': rows * calls, 'seconds': round(seconds, 3), 'rows_per_s': round(rows * calls / seconds, 1),
             'ms_per_call': round(seconds / calls * 1000, 2)}
-
-
-def drive(stack, token, work, threads):
-    """Submit every body with `threads` client threads (one call in flight each); return the call ids."""
-    import requests
-    from django.db import connection
-
-    from workers.models import HeavyCall
-
-    pending = list(work)
-    lock = threading.Lock()
-    ids, failures = [], []
-
-    def client():
-        try:
-            run_client()
-        finally:
-            connection.close()  # each thread's own database connection
-
-    def run_client():
-        session = requests.Session()
-        session.headers['Authorization'] = f'Token {token}'
-        while True:
-            with lock:
-                if not pending:
-                    return
-                body = pending.pop()
-            response = session.post(f'{stack.url}/concepts/$match/?semantic=true', json=body,
-                                    headers={'Prefer': 'respond-async'}, timeout=60)
-            if response.status_code != 202:
-                failures.append(response.text[:200])
-                continue
-            # Watch the call's row rather than long-poll: a long-poll holds a sync API worker for its whole
-            # wait, and with 2P of them the API, not the lane, would set the pace.
-            call_id = response.json()['id']
-            deadline = time.monotonic() + 120
-            while True:
-                state = HeavyCall.objects.filter(pk=call_id).values_list('state', flat=True).first()
-                if state not in ('queued', 'running') or time.monotonic() > deadline:
-                    break
-                time.sleep(0.05)
-            with lock:
-                ids.append(call_id)
-            if state != 'succeeded':
-                failures.append(f'{call_id}: {state}')
-
-    workers = [threading.Thread(target=client) for _ in range(threads)]
-    for thread in workers:
-        thread.start()
-    for thread in workers:
-        thread.join()
-    if failures:
-        raise RuntimeError(f'{len(failures)} calls failed: {failures[:3]}')
-    return ids
 
 
 def pid_of(worker):
@@ -219,7 +164,7 @@ def main():
                 live = warm_pool(stack, token, size)
                 stack.reset_calls(purge=False)
                 ids = drive(stack, token, bodies(stack.source, args.rows, args.calls_per_process * size, round_number),
-                            2 * size)
+                            2 * size, interval=0.05)
                 line = measure(ids, args.rows)
                 line['pool_processes'] = len(live)
                 rounds[size].append(line)
