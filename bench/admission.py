@@ -29,7 +29,7 @@ def main():
 
     from capacity import gate as capacity_gate
     from capacity.config import clear_cache, save_config
-    from capacity.keys import expired_key, lane_key
+    from capacity.keys import expired_key, hold_field, holds_key, lane_key
     from capacity.store import LaneStore, read_script, use_store
     from workers.lanes import get_queue
 
@@ -53,11 +53,13 @@ def main():
     probe = admit()
     assert len(probe.keys) == 5 and probe.decision == 'admitted', probe.decision
     keys, limits = probe.keys, [HIGH] * 5
+    fields = [hold_field(key) for key in keys]
     capacity_gate.release(probe)
 
     def floor():
         token = uuid.uuid4().hex
-        raw.evalsha(acquire_sha, 6, *keys, expired_key(), token, 60_000, '0', 2**62, *limits)
+        raw.evalsha(acquire_sha, 7, *keys, expired_key(), holds_key(), token, 60_000, '0', 2**62, *limits,
+                    *fields)
         return token
 
     results = {}

@@ -39,6 +39,7 @@ class Admission:
     full: tuple[Lane, ...] = ()
     holding: bool = False       # leases taken (in every lane of `lanes`)
     lease_ms: int = 0
+    acquired_ms: int = 0        # Redis's clock (epoch ms) when they were taken: a release measures from it
     retry_after: int | None = None
     suggested: int | None = None
     error: str | None = None    # what the limiter met, `<ExcClass>: <message>`
@@ -90,7 +91,8 @@ class Admission:
 
     def lease(self, store=None):
         """The leases this admission took, as the API holds them."""
-        return Lease(self.keys, self.token, self.lease_ms, holding=self.holding, store=store)
+        return Lease(self.keys, self.token, self.lease_ms, holding=self.holding, store=store,
+                     acquired_ms=self.acquired_ms)
 
     def worker_lanes(self):
         """The lanes a worker renews and releases: all but this API host's lane."""
@@ -98,7 +100,7 @@ class Admission:
 
     def worker_lease(self, lease_ms, store=None):
         return Lease([state.key for state in self.worker_lanes()], self.token, lease_ms, holding=self.holding,
-                     store=store)
+                     store=store, acquired_ms=self.acquired_ms)
 
     def worker_limits(self):
         return [state.limit for state in self.worker_lanes()]
@@ -119,6 +121,7 @@ class Admission:
             'full': [str(lane) for lane in self.full],
             'holding': self.holding,
             'lease_ms': self.lease_ms,
+            'acquired_ms': self.acquired_ms,
             'retry_after': self.retry_after,
             'suggested': self.suggested,
             'error': self.error,
@@ -144,6 +147,7 @@ class Admission:
             full=tuple(Lane(lane) for lane in data.get('full') or ()),
             holding=bool(data.get('holding')),
             lease_ms=int(data.get('lease_ms') or 0),
+            acquired_ms=int(data.get('acquired_ms') or 0),
             retry_after=data.get('retry_after'),
             suggested=data.get('suggested'),
             error=data.get('error'),

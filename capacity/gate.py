@@ -72,7 +72,8 @@ def admit(user, endpoint='', rows=0, semantic=False, reranker=False, waits=False
                         for state, count in zip(admission.lanes, acquired.counts))
         admission = Admission(
             decision=decision, token=token, call=call, mode=config['mode'], enforced=enforced, lanes=counted,
-            full=full, holding=acquired.taken, lease_ms=lease_ms, facts=facts)
+            full=full, holding=acquired.taken, lease_ms=lease_ms,
+            acquired_ms=acquired.acquired_ms if acquired.taken else 0, facts=facts)
         if decision in (Decision.SHADOW_REFUSED, Decision.REFUSED):
             admission = _replace(admission, retry_after=decisions.retry_after(config, lanes, acquired.counts, full))
         return with_suggested(admission)
