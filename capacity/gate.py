@@ -75,7 +75,8 @@ def admit(user, endpoint='', rows=0, semantic=False, reranker=False, waits=False
             full=full, holding=acquired.taken, lease_ms=lease_ms,
             acquired_ms=acquired.acquired_ms if acquired.taken else 0, facts=facts)
         if decision in (Decision.SHADOW_REFUSED, Decision.REFUSED):
-            admission = _replace(admission, retry_after=decisions.retry_after(config, lanes, acquired.counts, full))
+            admission = _replace(admission, retry_after=decisions.retry_after(
+                config, lanes, acquired.counts, full, acquired.holds))
         return with_suggested(admission)
     except Exception as ex:  # noqa: BLE001 - the one place admission fails open
         error = failopen.record(None, ex, 'acquire', store)
