@@ -63,22 +63,28 @@ def task_url(call_id):
     return f'/tasks/{call_id}/'
 
 
-def handle_body(call):
-    """The 202 body: a handle to poll. `lane` is the call's queue (the name clients already read)."""
+def handle_body(call, progress_now=None):
+    """The 202 body: a handle to poll, with when the call should start and finish. `lane` is the call's
+    queue (the name clients already read)."""
+    progress_now = progress_now or lifecycle.progress(call)
     return {'id': call.pk, 'state': call.seen_state, 'endpoint': call.endpoint, 'lane': call.queue,
-            'url': task_url(call.pk), 'created_at': call.created_at}
+            'url': task_url(call.pk), 'created_at': call.created_at,
+            'estimated_start_at': progress_now.start_at, 'estimated_finish_at': progress_now.finish_at}
 
 
-def task_body(call):
-    """GET /tasks/<id>/: state, timings, position while queued, result or error once finished. A call
-    that shares its work with others (workers.sharing) shows that work's progress and result, as its own;
-    one its owner cancelled while others share the work shows `cancelled` from then on."""
+def task_body(call, progress_now=None):
+    """GET /tasks/<id>/: state, timings, position while queued, when it should start and finish while
+    unfinished (null when unknown, or once it did), result or error once finished. A call that shares its
+    work with others (workers.sharing) shows that work's progress and result, as its own; one its owner
+    cancelled while others share the work shows `cancelled` from then on."""
     state = call.seen_state
+    progress_now = progress_now or lifecycle.progress(call)
     body = {'id': call.pk, 'state': state, 'endpoint': call.endpoint, 'lane': call.queue,
             'url': task_url(call.pk), 'created_at': call.created_at, 'started_at': call.started_at,
-            'finished_at': call.detached_at or call.finished_at}
+            'finished_at': call.detached_at or call.finished_at,
+            'estimated_start_at': progress_now.start_at, 'estimated_finish_at': progress_now.finish_at}
     if state == State.QUEUED:
-        body['position'] = lifecycle.position(call)
+        body['position'] = progress_now.position
     if state == State.SUCCEEDED:
         body['result'] = lifecycle.result(call)
     if state in (State.FAILED, State.CANCELLED, State.EXPIRED):
@@ -86,32 +92,27 @@ def task_body(call):
     return body
 
 
-def poll_hint(call, position=None):
-    """Seconds a client should wait before polling again (Retry-After), or None once finished."""
-    if call.finished:
-        return None
-    if call.state == State.RUNNING:
-        return 1
-    return max(1, min(position or 1, 10))
-
-
 def task_response(call, status_code=status.HTTP_200_OK, headers=None):
-    body = task_body(call)
-    response = Response(body, status=status_code, headers=headers)
-    hint = poll_hint(call, body.get('position'))
-    if hint is not None:
-        response['Retry-After'] = str(hint)
+    progress_now = lifecycle.progress(call)
+    response = Response(task_body(call, progress_now), status=status_code, headers=headers)
+    if progress_now.poll_after is not None:
+        response['Retry-After'] = str(progress_now.poll_after)
     return response
 
 
 HANDLE = inline_serializer('TaskHandle', {
     'id': serializers.CharField(), 'state': serializers.CharField(), 'endpoint': serializers.CharField(),
-    'lane': serializers.CharField(), 'url': serializers.CharField(), 'created_at': serializers.DateTimeField()})
+    'lane': serializers.CharField(), 'url': serializers.CharField(),
+    'created_at': serializers.DateTimeField(),
+    'estimated_start_at': serializers.DateTimeField(allow_null=True),
+    'estimated_finish_at': serializers.DateTimeField(allow_null=True)})
 TASK = inline_serializer('Task', {
     'id': serializers.CharField(), 'state': serializers.ChoiceField(choices=State.values),
     'endpoint': serializers.CharField(), 'lane': serializers.CharField(), 'url': serializers.CharField(),
     'created_at': serializers.DateTimeField(), 'started_at': serializers.DateTimeField(allow_null=True),
     'finished_at': serializers.DateTimeField(allow_null=True),
+    'estimated_start_at': serializers.DateTimeField(allow_null=True),
+    'estimated_finish_at': serializers.DateTimeField(allow_null=True),
     'position': serializers.IntegerField(required=False),
     'result': serializers.JSONField(required=False), 'error': serializers.CharField(required=False)})
 REFUSAL = inline_serializer('CapacityRefusal', {
@@ -138,7 +139,12 @@ HEAVY_PARAMETERS = [
 
 
 def accepted(call):
-    return Response(handle_body(call), status=status.HTTP_202_ACCEPTED, headers={'Location': task_url(call.pk)})
+    """202 with the handle, and Retry-After: when to poll it first (the call's expected finish)."""
+    progress_now = lifecycle.progress(call)
+    headers = {'Location': task_url(call.pk)}
+    if progress_now.poll_after is not None:
+        headers['Retry-After'] = str(progress_now.poll_after)
+    return Response(handle_body(call, progress_now), status=status.HTTP_202_ACCEPTED, headers=headers)
 
 
 def idempotency_key(request):

@@ -56,7 +56,9 @@ def test_semantic_match_is_counted_and_carries_the_headers(broker, lanes_redis, 
     assert response['X-OCL-Capacity-Decision'] == 'admitted'
     assert response['X-OCL-Capacity-Tier'] == 'preview'
     assert response['X-OCL-Capacity-In-Flight'] == '1'
-    assert 'Retry-After' not in response
+    # The 202's Retry-After is when to poll first: nothing measured yet, so its place in the queue (1).
+    assert response['Retry-After'] == '1'
+    assert response.json()['estimated_start_at'] is None and response.json()['estimated_finish_at'] is None
     call = HeavyCall.objects.get(pk=response.json()['id'])
     assert record_of(call)['endpoint'] == '$match' and record_of(call)['rows'] == 2
     assert record_of(call)['semantic'] is True
@@ -103,7 +105,7 @@ def test_shadow_mode_charges_and_queues_as_usual(broker, lanes_redis, tiny_sourc
     configure(per_user={'staff': 4, 'core': 3, 'early_access': 2, 'preview': 0})
     response = match(api_as(make_user()), tiny_source)
     assert response.status_code == 202 and response['X-OCL-Capacity-Decision'] == 'shadow-refused'
-    assert 'Retry-After' not in response
+    assert response['Retry-After'] == '1'  # a poll hint, not the refusal's wait (shadow refuses nothing)
     assert HeavyCall.objects.filter(refunded_at=None).count() == 1
 
 
@@ -144,3 +146,38 @@ def test_status_view(broker, lanes_redis, tiny_source, make_user, api_as):
     assert status['api_heavy']['in_flight'] == 1 and status['mode'] == 'shadow'
     assert status['queues']['es2_knn']['depth'] == 1
     assert api_as(make_user()).get('/capacity/status/').status_code == 403
+
+
+def test_polls_and_handles_say_when_a_call_should_start_and_finish_from_measured_run_times(
+        broker, lanes_redis, tiny_source, make_user, api_as, configure):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from capacity.keys import holds_key, run_field
+    configure(per_user={'staff': 9, 'core': 9, 'early_access': 9, 'preview': 9},
+              tiers={'staff': 9, 'core': 9, 'early_access': 9, 'preview': 9})  # es2_knn's pool: 3 - 1 = 2
+    lanes_redis.hset(holds_key(), run_field('es2_knn'), 4000)  # its calls run 4 s
+    client = api_as(make_user())
+    first, second, third = (match(client, tiny_source, rows=[{'name': name}, {'name': 'b'}])
+                            for name in 'xyz')
+    # Nothing runs yet: the first two start now on the two workers, the third after one of them.
+    assert (first['Retry-After'], second['Retry-After'], third['Retry-After']) == ('4', '4', '8')
+    now = timezone.now()
+    assert abs((parse(third.json()['estimated_start_at']) - now).total_seconds() - 4) < 1
+    # The first starts; 1 s later it has 3 s left, so the third starts in 3 s and ends in 7.
+    started = now - timedelta(seconds=1)
+    HeavyCall.objects.filter(pk=first.json()['id']).update(state='running', started_at=started)
+    running = client.get(f'/tasks/{first.json()["id"]}/')
+    assert running['Retry-After'] == '3' and running.json()['estimated_start_at'] is None
+    assert abs((parse(running.json()['estimated_finish_at']) - started).total_seconds() - 4) < 1
+    waiting = client.get(f'/tasks/{third.json()["id"]}/')
+    body = waiting.json()
+    assert body['position'] == 2 and waiting['Retry-After'] == '7'
+    run = parse(body['estimated_finish_at']) - parse(body['estimated_start_at'])
+    assert abs(run.total_seconds() - 4) < 0.01
+
+
+def parse(text):
+    from django.utils.dateparse import parse_datetime
+    return parse_datetime(text)
