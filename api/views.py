@@ -15,10 +15,11 @@ from rest_framework.views import APIView
 
 from api import errors, prefer
 from api.throttles import HeavyRateThrottle
-from capacity.admission import headers, refusal_body
+from capacity.admission import headers, quotas, refusal_body
 from capacity.caller import RequestFacts
 from capacity.config import get_config
 from capacity.constants import MATCH, RERANK
+from common import ratelimit
 from workers import lifecycle, submission
 from workers.models import HeavyCall, State
 
@@ -55,8 +56,10 @@ class ReadyView(APIView):
     def get(self, request):
         from api.readiness import run_checks
         ready, checks = run_checks()
-        return Response({'status': 'ready' if ready else 'not ready', 'checks': checks},
-                        status=status.HTTP_200_OK if ready else status.HTTP_503_SERVICE_UNAVAILABLE)
+        if ready:
+            return Response({'status': 'ready', 'checks': checks})
+        return Response({'status': 'not ready', 'checks': checks}, status=status.HTTP_503_SERVICE_UNAVAILABLE,
+                        headers={'Retry-After': str(errors.SERVICE_RETRY_SECONDS)})
 
 
 def task_url(call_id):
@@ -174,9 +177,11 @@ class HeavyCallView(APIView):
         return []
 
     def check_rate_limits(self):
-        for throttle in (HeavyRateThrottle(),):
-            if not throttle.allow_request(self.request, self):
-                self.throttled(self.request, throttle.wait())
+        throttle = HeavyRateThrottle()
+        allowed = throttle.allow_request(self.request, self)
+        self.rate_quota = throttle.quota()
+        if not allowed:
+            self.throttled(self.request, throttle.wait())
 
     def flags(self, request):
         return False, False
@@ -231,8 +236,12 @@ class HeavyCallView(APIView):
         return response
 
     def finalize_response(self, request, response, *args, **kwargs):
+        """Add the capacity headers and the RateLimit fields of the lanes and the rate limit this request
+        was checked against (the 429s too)."""
         response = super().finalize_response(request, response, *args, **kwargs)
-        for name, value in headers(getattr(self, 'admission', None)).items():
+        admission = getattr(self, 'admission', None)
+        limits = ratelimit.fields([*quotas(admission), getattr(self, 'rate_quota', None)])
+        for name, value in {**headers(admission), **limits}.items():
             response[name] = value
         return response
 

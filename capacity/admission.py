@@ -4,7 +4,7 @@
 worker on the call's row in one JSON form (`to_json` / `from_json`), and becomes the call's leases again
 with `lease()` (the API's) or `worker_lease()` (the worker's: without this API host's lane, which the API
 drops when it stops waiting). The response headers, the 429 body and the call's log record are pure
-functions of it (`headers`, `refusal_body`, `log_record`).
+functions of it (`headers`, `quotas`, `refusal_body`, `log_record`).
 """
 import dataclasses
 from dataclasses import dataclass
@@ -16,6 +16,7 @@ from capacity.constants import (
     HEADER_TIER_LIMIT, LOG_EVENT, Decision, Lane,
 )
 from capacity.lease import Lease
+from common.ratelimit import CONCURRENT, Quota
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,24 @@ def headers(admission):
     if admission.refused:
         values['Retry-After'] = admission.retry_after
     return {name: str(value) for name, value in values.items() if value is not None}
+
+
+def quotas(admission):
+    """The admission's lanes as RateLimit quotas (common.ratelimit): each lane a concurrency quota of this
+    call's limit there, what is left of it after this call, and for a full lane the seconds until a slot is
+    expected to free up (the Retry-After); none when the limiter didn't gate the call."""
+    if admission is None or admission.decision in (None, Decision.COALESCED, Decision.CACHED):
+        return []
+    counts = admission.counts
+    result = []
+    for state in admission.lanes:
+        full = state.lane in admission.full
+        result.append(Quota(
+            name=str(state.lane), limit=state.limit, unit=CONCURRENT,
+            partition=admission.tier if state.lane == Lane.TIER else None,
+            remaining=state.limit - counts[state.lane] if counts else None,
+            reset=admission.retry_after if full else None))
+    return result
 
 
 def refusal_body(admission):

@@ -181,3 +181,51 @@ def test_polls_and_handles_say_when_a_call_should_start_and_finish_from_measured
 def parse(text):
     from django.utils.dateparse import parse_datetime
     return parse_datetime(text)
+
+
+def ratelimit_items(response, header):
+    import http_sf
+    return {name: dict(params) for name, params in http_sf.parse(response[header].encode(), tltype='list')}
+
+
+def test_gated_answers_carry_the_ratelimit_fields_of_their_concurrency_lanes(
+        broker, lanes_redis, tiny_source, make_user, api_as, configure):
+    configure(mode='enforce', enforce_for='all')
+    client = api_as(make_user())  # preview: 1 call at once
+    admitted = match(client, tiny_source)
+    assert admitted.status_code == 202
+    policy = ratelimit_items(admitted, 'RateLimit-Policy')
+    assert policy['user'] == {'q': 1, 'qu': 'concurrent-requests'}
+    assert policy['tier'] == {'q': 2, 'qu': 'concurrent-requests', 'pk': b'preview'}
+    assert policy['es2_knn'] == {'q': 2, 'qu': 'concurrent-requests'} and 'api_heavy' in policy
+    assert policy['rate'] == {'q': 600, 'w': 60}  # HEAVY_RATE_LIMIT's default, 600/min
+    left = ratelimit_items(admitted, 'RateLimit')
+    assert left['user'] == {'r': 0} and left['es2_knn'] == {'r': 1}
+    assert left['tier'] == {'r': 1, 'pk': b'preview'}
+    refused = match(client, tiny_source, rows=[{'name': 'another'}, {'name': 'call'}])
+    assert refused.status_code == 429
+    # The full lane has nothing left until the Retry-After; the rate limit wasn't asked (no allowance spent).
+    assert ratelimit_items(refused, 'RateLimit')['user'] == {'r': 0, 't': int(refused['Retry-After'])}
+    assert 'rate' not in ratelimit_items(refused, 'RateLimit-Policy')
+
+
+def test_a_rate_limit_429_carries_the_ratelimit_fields_of_the_rate(
+        broker, lanes_redis, tiny_source, make_user, api_as, monkeypatch):
+    from django.core.cache import cache
+
+    from api.throttles import HeavyRateThrottle
+    monkeypatch.setitem(HeavyRateThrottle.THROTTLE_RATES, 'heavy', '2/min')
+    cache.clear()
+    client = api_as(make_user('core_user'))
+    answers = [match(client, tiny_source, rows=[{'name': name}]) for name in ('p', 'q', 'r')]
+    assert [answer.status_code for answer in answers] == [202, 202, 429]
+    assert ratelimit_items(answers[0], 'RateLimit')['rate'] == {'r': 1, 't': 60}
+    limited = answers[2]
+    assert ratelimit_items(limited, 'RateLimit-Policy') == {'rate': {'q': 2, 'w': 60}}
+    window = ratelimit_items(limited, 'RateLimit')['rate']
+    assert window['r'] == 0 and 58 <= window['t'] <= 60 and int(limited['Retry-After']) >= window['t']
+
+
+def test_cors_exposes_the_ratelimit_fields():
+    exposed = {header.lower() for header in settings.CORS_EXPOSE_HEADERS}
+    assert {'ratelimit', 'ratelimit-policy', 'retry-after'} <= exposed
