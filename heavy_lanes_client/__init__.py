@@ -28,6 +28,7 @@ from heavy_lanes_client.errors import (
     GaveUp,
     IdempotencyConflict,
     InvalidRequest,
+    LanePaused,
     ProtocolError,
     RateLimited,
     Refused,
@@ -55,8 +56,8 @@ from heavy_lanes_client.summary import format_summary
 
 __all__ = [
     'AuthError', 'Capacity', 'CapacityRefused', 'Client', 'ClientError', 'GaveUp', 'Handle',
-    'IdempotencyConflict', 'InvalidRequest', 'MatchJob', 'PollPolicy', 'ProtocolError', 'RateLimited',
+    'IdempotencyConflict', 'InvalidRequest', 'LanePaused', 'MatchJob', 'PollPolicy', 'ProtocolError', 'RateLimited',
     'Refused', 'RequestRejected', 'RerankJob', 'RetryPolicy', 'RowOutcome', 'RowStatus', 'Run',
     'RunInterrupted', 'RunReport', 'ServerError', 'Source', 'State', 'Summary', 'Task', 'TaskNotFound',
-    'TransportError', 'error_for', 'format_summary',
+    'TransportError', '__version__', 'error_for', 'format_summary',
 ]

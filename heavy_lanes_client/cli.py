@@ -60,6 +60,15 @@ def _run_options(parser):
                                          'size) to pick up its tasks instead of submitting again')
     parser.add_argument('--output', '-o', help='write every row\'s outcome to this .json or .csv file')
     parser.add_argument('--no-progress', action='store_true', help='no progress bar on stderr')
+    parser.add_argument('--wait-paused', action='store_true',
+                        help='wait out a paused lane (429 with "paused": true) like any refusal, within '
+                             '--max-wait; without it the run stops at the first such refusal')
+
+
+def program_name():
+    """`heavy-lanes` when run as the installed command, else how `python -m` runs it."""
+    return 'heavy-lanes' if os.path.basename(sys.argv[0] or '').startswith('heavy-lanes') else (
+        'python -m heavy_lanes_client')
 
 
 def build_parser():
@@ -172,7 +181,8 @@ def _run(args, parser, out, err, make_run):
     if args.max_concurrency < 1:
         parser.error('--max-concurrency must be at least 1')
     try:
-        retry = RetryPolicy(max_attempts=args.max_attempts, max_wait_seconds=args.max_wait)
+        retry = RetryPolicy(max_attempts=args.max_attempts, max_wait_seconds=args.max_wait,
+                            wait_paused=args.wait_paused)
     except ValueError as ex:
         parser.error(str(ex))
     poll = PollPolicy(long_poll_seconds=max(0, args.long_poll), task_timeout_seconds=args.task_timeout)
