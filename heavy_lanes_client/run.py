@@ -243,6 +243,8 @@ class Run:
             with self._lock:
                 if batch.index not in self._cancel_owned:
                     self._open.pop(batch.index, None)
+            if handle is not None:
+                self._limit.done()
             self._limit.release()
 
     def _owned_by_cancel(self, batch):

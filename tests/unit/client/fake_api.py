@@ -111,6 +111,8 @@ class FakeApi:
         self.short_results = False     # a succeeded result that leaves out the last row
         self.per_token_limit = {}      # token -> open tasks allowed; beyond: 429 capacity (enforce)
         self.refuse_retry_after = 1
+        self.wire_format = False       # $match results in OCL's format: a list of {"row", "results"}
+        self.standard_only = False     # capacity said only with the IETF RateLimit fields, no X-OCL-Capacity-*
         self.max_open = 0
         self.max_open_lane = Counter()
         self.closing = threading.Event()
@@ -223,6 +225,10 @@ class FakeApi:
         if suggested is None:
             return {}
         open_count = len(self.open_tasks())
+        if self.standard_only:  # the user's lane as a concurrency quota of `suggested` calls
+            mine = len(self.open_tasks(token=token))
+            return {'RateLimit-Policy': f'"user";q={suggested};qu="concurrent-requests", "rate";q=600;w=60',
+                    'RateLimit': f'"user";r={max(suggested - mine, 0)}, "rate";r=590;t=60'}
         return {'X-OCL-Capacity-Decision': decision, 'X-OCL-Capacity-Limit': '4',
                 'X-OCL-Capacity-In-Flight': str(open_count),
                 'X-OCL-Capacity-Tier': TIERS.get(token, 'preview'),
@@ -345,6 +351,10 @@ class FakeApi:
                     headers = {'Retry-After': reply.retry_after, 'X-OCL-Capacity-Decision': 'refused'}
                     if reply.suggested is not None:
                         headers['X-OCL-Capacity-Suggested-Concurrency'] = reply.suggested
+                    if api.standard_only:
+                        headers = {'Retry-After': reply.retry_after,
+                                   'RateLimit-Policy': f'"{reply.scope}";q=1;qu="concurrent-requests"',
+                                   'RateLimit': f'"{reply.scope}";r=0;t={reply.retry_after}'}
                     detail = f'Matching is busy. Please retry in {reply.retry_after} seconds.'
                     return self._send(429, {'detail': detail, 'error_code': 'capacity_exceeded',
                                             'scope': reply.scope, 'paused': reply.paused,
