@@ -185,10 +185,18 @@ class FakeApi:
         results = []
         for row in rows:
             name = row['name']
+            code = f'HP:{abs(hash(name)) % 10 ** 7:07d}'
+            if self.wire_format:
+                concepts = [] if name in self.no_match else [
+                    {'id': code, 'display_name': name.title(), 'concept_class': 'Phenotype',
+                     'search_meta': {'search_score': 0.9}}]
+                results.append({'row': row, 'results': concepts, 'map_type': 'SAME-AS'})
+                continue
             candidates = [] if name in self.no_match else [
-                {'code': f'HP:{abs(hash(name)) % 10 ** 7:07d}', 'name': name.title(),
-                 'concept_class': 'Phenotype', 'score': 0.9, 'matched': name}]
+                {'code': code, 'name': name.title(), 'concept_class': 'Phenotype', 'score': 0.9, 'matched': name}]
             results.append({'row': row, 'candidates': candidates})
+        if self.wire_format:
+            return results
         return {'results': results, 'source': '/orgs/HPO/sources/HPO/', 'source_version': 'v1',
                 'algorithm': 'fake'}
 
