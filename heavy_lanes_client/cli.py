@@ -1,4 +1,5 @@
-"""The command line: `python -m heavy_lanes_client match|rerank|sources|status|load ...` (docs/client.md).
+"""The command line: `heavy-lanes match|rerank|sources|status|load ...`, also run as
+`python -m heavy_lanes_client` (docs/client.md).
 
 Exit codes: 0 every row ran (matched or no match) / every load call accounted for; 1 some rows failed /
 some load calls unaccounted; 2 bad arguments or input; 130 interrupted (Ctrl-C: tasks in flight were
@@ -11,8 +12,9 @@ import os
 import sys
 from dataclasses import asdict
 
-from heavy_lanes_client import errors
+from heavy_lanes_client import __version__, errors
 from heavy_lanes_client.client import Client
+from heavy_lanes_client.jobs import describe
 from heavy_lanes_client.load import LoadGenerator
 from heavy_lanes_client.load_plan import DEFAULT_MIX, LoadPlan, parse_mix, parse_token_arg, read_accounts
 from heavy_lanes_client.load_report import format_load_report
@@ -72,8 +74,9 @@ def program_name():
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog='python -m heavy_lanes_client',
+    parser = argparse.ArgumentParser(prog=program_name(),
                                      description='Client and load generator for the Heavy Lanes API.')
+    parser.add_argument('--version', action='version', version=f'%(prog)s {__version__}')
     commands = parser.add_subparsers(dest='command', required=True)
 
     match = commands.add_parser('match', help='match rows against a source, in batches')
@@ -145,9 +148,11 @@ def _read_rows(args, parser):
 def _print_rows(report, out):
     rows = []
     for outcome in report.outcomes[:MAX_PRINTED_ROWS]:
-        top = outcome.top or {}
-        detail = (f'{top.get("code", "")} {top.get("name", "")} ({top.get("score", "")})' if top
-                  else outcome.reason or '')
+        if outcome.top:
+            code, name, score = describe(outcome.top)
+            detail = f'{code} {name} ({score})'
+        else:
+            detail = outcome.reason or ''
         rows.append([outcome.index, outcome.name[:50], str(outcome.status), detail[:90]])
     print(table(rows, ['#', 'row', 'status', 'top candidate / reason'], align='rlll'), file=out)
     if len(report.outcomes) > MAX_PRINTED_ROWS:
