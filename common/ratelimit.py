@@ -53,5 +53,6 @@ def fields(quotas):
                                           for quota in quotas])}
     counted = [quota for quota in quotas if quota.remaining is not None]
     if counted:
-        headers[LIMIT_HEADER] = http_sf.ser([(quota.name, _params(quota, ('r', 't', 'pk'))) for quota in counted])
+        headers[LIMIT_HEADER] = http_sf.ser([(quota.name, _params(quota, ('r', 't', 'pk')))
+                                             for quota in counted])
     return headers

@@ -3,11 +3,11 @@
 A 429 (capacity or rate limit) is waited out for the server's Retry-After plus up to `jitter` of it
 (never less: the server said when, from how long its calls hold a slot), each wait capped at
 `max_delay_seconds`. A paused lane (`paused: true` in the 429) doesn't clear by waiting: the call stops at
-once with LanePaused, unless `wait_paused` asks to wait it out like any other refusal. No answer or a 5xx backs off
-exponentially with jitter (honouring a Retry-After when the 5xx has one). Every retry of a call reuses its
-Idempotency-Key, so a call the server did take before the connection dropped is answered with its handle,
-not run twice. A call stops after `max_attempts` sends or when the next wait would take its total waiting
-past `max_wait_seconds`: then GaveUp.
+once with LanePaused, unless `wait_paused` asks to wait it out like any other refusal. No answer or a 5xx
+backs off exponentially with jitter (honouring a Retry-After when the 5xx has one). Every retry of a call
+reuses its Idempotency-Key, so a call the server did take before the connection dropped is answered with
+its handle, not run twice. A call stops after `max_attempts` sends or when the next wait would take its
+total waiting past `max_wait_seconds`: then GaveUp.
 
 A Holdback makes one call's 429 hold back the others that share it (a run's calls): none is sent before
 the refused call's wait is over, so one refusal does not set off a burst of them.

@@ -114,8 +114,8 @@ def estimate(call, position=None, now=None, config=None):
         return estimates.UNKNOWN
     pool = lanes.get_queue(work.queue).pool_size(config or get_config())
     # A resize may leave a few more running than the pool: read a few more.
-    started = HeavyCall.objects.filter(queue=work.queue, state=State.RUNNING, leader__isnull=True).values_list(
-        'started_at', flat=True)[:max(pool, 0) * 2 + 8]
+    running_now = HeavyCall.objects.filter(queue=work.queue, state=State.RUNNING, leader__isnull=True)
+    started = running_now.values_list('started_at', flat=True)[:max(pool, 0) * 2 + 8]
     running = [(now - at).total_seconds() for at in started if at is not None]
     return estimates.queued(position or work_position(work), pool, run_s, running)
 

@@ -112,7 +112,7 @@ class FakeApi:
         self.per_token_limit = {}      # token -> open tasks allowed; beyond: 429 capacity (enforce)
         self.refuse_retry_after = 1
         self.wire_format = False       # $match results in OCL's format: a list of {"row", "results"}
-        self.standard_only = False     # capacity said only with the IETF RateLimit fields, no X-OCL-Capacity-*
+        self.standard_only = False     # capacity in the IETF RateLimit fields alone, no X-OCL-Capacity-*
         self.max_open = 0
         self.max_open_lane = Counter()
         self.closing = threading.Event()
@@ -193,7 +193,8 @@ class FakeApi:
                 results.append({'row': row, 'results': concepts, 'map_type': 'SAME-AS'})
                 continue
             candidates = [] if name in self.no_match else [
-                {'code': code, 'name': name.title(), 'concept_class': 'Phenotype', 'score': 0.9, 'matched': name}]
+                {'code': code, 'name': name.title(), 'concept_class': 'Phenotype', 'score': 0.9,
+                 'matched': name}]
             results.append({'row': row, 'candidates': candidates})
         if self.wire_format:
             return results

@@ -31,8 +31,8 @@ def test_a_malformed_field_is_ignored(text):
 
 
 def test_the_room_is_the_fewest_left_among_concurrency_quotas_and_only_those():
-    headers = {'RateLimit-Policy': '"user";q=3;qu="concurrent-requests", "es2_knn";q=2;qu="concurrent-requests", '
-                                   '"rate";q=600;w=60',
+    headers = {'RateLimit-Policy': '"user";q=3;qu="concurrent-requests", '
+                                   '"es2_knn";q=2;qu="concurrent-requests", "rate";q=600;w=60',
                'RateLimit': '"user";r=2, "es2_knn";r=0;t=4, "rate";r=0;t=50'}
     # The request rate is not a concurrency quota.
     assert concurrency(headers) == Concurrency(left=0, quota=2, reset=4)

@@ -41,8 +41,8 @@ def test_a_paused_lane_stops_the_run_at_once_and_says_why(api, client, sleeps):
     assert len(api.posts()) == 1  # no wait, no resend, and the other batches are not sent
     assert not [seconds for seconds in sleeps.asked if seconds >= 1]
     first, *others = report.outcomes
-    assert first.reason.startswith('stopped: lane es2_knn is paused on the server (its limit is 0), and waiting '
-                                   'will not clear it')
+    assert first.reason.startswith('stopped: lane es2_knn is paused on the server (its limit is 0), and '
+                                   'waiting will not clear it')
     assert '--wait-paused' in first.reason
     assert all(outcome.reason.startswith('not submitted: an earlier call was stopped: lane es2_knn is paused')
                for outcome in others)

@@ -25,7 +25,8 @@ def test_concurrency_and_rate_quotas_render_as_policy_and_service_limit_items():
 
 
 def test_an_uncounted_quota_has_a_policy_but_no_service_limit_and_nothing_renders_nothing():
-    assert fields([Quota('user', 1, CONCURRENT)]) == {'RateLimit-Policy': '"user";q=1;qu="concurrent-requests"'}
+    assert fields([Quota('user', 1, CONCURRENT)]) == {
+        'RateLimit-Policy': '"user";q=1;qu="concurrent-requests"'}
     assert fields([None]) == {} and fields([]) == {}
 
 

@@ -15,9 +15,11 @@ from workers.estimates import UNKNOWN, Estimate, poll_after, queued, running
     (1, 1, 4.0, (1.0, 2.0), Estimate(2.0, 6.0)),      # more running than the pool (a shrink): the soonest
     (5, 1, 0.03, (), Estimate(0.12, 0.15)),
 ])
-def test_a_queued_call_starts_when_the_calls_ahead_have_left_a_worker(position, pool, run_s, elapsed, expected):
+def test_a_queued_call_starts_when_the_calls_ahead_have_left_a_worker(position, pool, run_s, elapsed,
+                                                                       expected):
     got = queued(position, pool, run_s, elapsed)
-    assert got.start_in == pytest.approx(expected.start_in) and got.finish_in == pytest.approx(expected.finish_in)
+    assert got.start_in == pytest.approx(expected.start_in)
+    assert got.finish_in == pytest.approx(expected.finish_in)
 
 
 @pytest.mark.parametrize('position, pool, run_s', [
