@@ -188,8 +188,19 @@ def ratelimit_items(response, header):
     return {name: dict(params) for name, params in http_sf.parse(response[header].encode(), tltype='list')}
 
 
+@pytest.fixture
+def rate_limit(monkeypatch):
+    """The rate limit checked afresh: an empty history, and no skip window left by an earlier test."""
+    from django.core.cache import cache
+
+    from api.throttles import HeavyRateThrottle
+    monkeypatch.setattr(HeavyRateThrottle, 'skip_until', 0.0)
+    cache.clear()
+    return HeavyRateThrottle
+
+
 def test_gated_answers_carry_the_ratelimit_fields_of_their_concurrency_lanes(
-        broker, lanes_redis, tiny_source, make_user, api_as, configure):
+        broker, lanes_redis, tiny_source, make_user, api_as, configure, rate_limit):
     configure(mode='enforce', enforce_for='all')
     client = api_as(make_user())  # preview: 1 call at once
     admitted = match(client, tiny_source)
@@ -210,12 +221,8 @@ def test_gated_answers_carry_the_ratelimit_fields_of_their_concurrency_lanes(
 
 
 def test_a_rate_limit_429_carries_the_ratelimit_fields_of_the_rate(
-        broker, lanes_redis, tiny_source, make_user, api_as, monkeypatch):
-    from django.core.cache import cache
-
-    from api.throttles import HeavyRateThrottle
-    monkeypatch.setitem(HeavyRateThrottle.THROTTLE_RATES, 'heavy', '2/min')
-    cache.clear()
+        broker, lanes_redis, tiny_source, make_user, api_as, monkeypatch, rate_limit):
+    monkeypatch.setitem(rate_limit.THROTTLE_RATES, 'heavy', '2/min')
     client = api_as(make_user('core_user'))
     answers = [match(client, tiny_source, rows=[{'name': name}]) for name in ('p', 'q', 'r')]
     assert [answer.status_code for answer in answers] == [202, 202, 429]
