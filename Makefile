@@ -44,6 +44,7 @@ bench: $(STAMP)
 	$(PY) bench/roundtrip.py
 	$(PY) bench/work.py
 	$(PY) bench/saturation.py
+	$(PY) bench/retry_after.py
 	$(PY) bench/quality.py
 
 clean:
