@@ -46,6 +46,7 @@ bench: $(STAMP)
 	$(PY) bench/sharing.py
 	$(PY) bench/waiting.py
 	$(PY) bench/saturation.py
+	$(PY) bench/retry_after.py
 	$(PY) bench/quality.py
 
 clean:

@@ -28,6 +28,10 @@ proposed in docs/benchmarks.md would (the SVD projection made C-contiguous once,
 TruncatedSVD.transform copying its 256 x 56,020 components on every call), so the benchmarks can show
 what the fix is worth before it is made. Same results (to float32 rounding).
 
+Known durations, off unless HEAVY_LANES_BENCH_CALL_SECONDS=S (bench/retry_after.py): a worker that imports
+this module makes every heavy call's work last at least S seconds (the real work, then a sleep for the
+rest), so a benchmark can hold a lane with calls of a known length.
+
 Experiment, off unless HEAVY_LANES_BENCH_DB_REUSE=1 (bench/roundtrip.py --db-reuse): a worker that imports
 this module keeps its database connections between tasks (closing only unusable or obsolete ones, by
 CONN_MAX_AGE), as the proposed `CELERY_DB_REUSE_MAX` setting would, instead of Celery's Django fixup closing
@@ -137,6 +141,24 @@ def simulate_db_reuse():
     DjangoWorkerFixup.close_database = close_database
 
 
+def hold_calls_for(seconds):
+    """Make every heavy call's work in this process last at least `seconds` (see the module docstring)."""
+    import time
+
+    from workers import work
+    perform = work.perform
+
+    def perform_for_at_least(call):
+        started = time.monotonic()
+        result = perform(call)
+        time.sleep(max(seconds - (time.monotonic() - started), 0))
+        return result
+
+    work.perform = perform_for_at_least
+
+
+if os.environ.get('HEAVY_LANES_BENCH_CALL_SECONDS'):
+    hold_calls_for(float(os.environ['HEAVY_LANES_BENCH_CALL_SECONDS']))
 if os.environ.get('HEAVY_LANES_BENCH_PROJECTION_FIX') == '1':
     simulate_projection_fix()
 if os.environ.get('HEAVY_LANES_BENCH_DB_REUSE') == '1':

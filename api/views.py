@@ -15,10 +15,11 @@ from rest_framework.views import APIView
 
 from api import errors, prefer
 from api.throttles import HeavyRateThrottle
-from capacity.admission import headers, refusal_body
+from capacity.admission import headers, quotas, refusal_body
 from capacity.caller import RequestFacts
 from capacity.config import get_config
 from capacity.constants import MATCH, RERANK
+from common import ratelimit
 from workers import lifecycle, submission
 from workers.models import HeavyCall, State
 
@@ -55,30 +56,38 @@ class ReadyView(APIView):
     def get(self, request):
         from api.readiness import run_checks
         ready, checks = run_checks()
-        return Response({'status': 'ready' if ready else 'not ready', 'checks': checks},
-                        status=status.HTTP_200_OK if ready else status.HTTP_503_SERVICE_UNAVAILABLE)
+        if ready:
+            return Response({'status': 'ready', 'checks': checks})
+        return Response({'status': 'not ready', 'checks': checks}, status=status.HTTP_503_SERVICE_UNAVAILABLE,
+                        headers={'Retry-After': str(errors.SERVICE_RETRY_SECONDS)})
 
 
 def task_url(call_id):
     return f'/tasks/{call_id}/'
 
 
-def handle_body(call):
-    """The 202 body: a handle to poll. `lane` is the call's queue (the name clients already read)."""
+def handle_body(call, progress_now=None):
+    """The 202 body: a handle to poll, with when the call should start and finish. `lane` is the call's
+    queue (the name clients already read)."""
+    progress_now = progress_now or lifecycle.progress(call)
     return {'id': call.pk, 'state': call.seen_state, 'endpoint': call.endpoint, 'lane': call.queue,
-            'url': task_url(call.pk), 'created_at': call.created_at}
+            'url': task_url(call.pk), 'created_at': call.created_at,
+            'estimated_start_at': progress_now.start_at, 'estimated_finish_at': progress_now.finish_at}
 
 
-def task_body(call):
-    """GET /tasks/<id>/: state, timings, position while queued, result or error once finished. A call
-    that shares its work with others (workers.sharing) shows that work's progress and result, as its own;
-    one its owner cancelled while others share the work shows `cancelled` from then on."""
+def task_body(call, progress_now=None):
+    """GET /tasks/<id>/: state, timings, position while queued, when it should start and finish while
+    unfinished (null when unknown, or once it did), result or error once finished. A call that shares its
+    work with others (workers.sharing) shows that work's progress and result, as its own; one its owner
+    cancelled while others share the work shows `cancelled` from then on."""
     state = call.seen_state
+    progress_now = progress_now or lifecycle.progress(call)
     body = {'id': call.pk, 'state': state, 'endpoint': call.endpoint, 'lane': call.queue,
             'url': task_url(call.pk), 'created_at': call.created_at, 'started_at': call.started_at,
-            'finished_at': call.detached_at or call.finished_at}
+            'finished_at': call.detached_at or call.finished_at,
+            'estimated_start_at': progress_now.start_at, 'estimated_finish_at': progress_now.finish_at}
     if state == State.QUEUED:
-        body['position'] = lifecycle.position(call)
+        body['position'] = progress_now.position
     if state == State.SUCCEEDED:
         body['result'] = lifecycle.result(call)
     if state in (State.FAILED, State.CANCELLED, State.EXPIRED):
@@ -86,32 +95,27 @@ def task_body(call):
     return body
 
 
-def poll_hint(call, position=None):
-    """Seconds a client should wait before polling again (Retry-After), or None once finished."""
-    if call.finished:
-        return None
-    if call.state == State.RUNNING:
-        return 1
-    return max(1, min(position or 1, 10))
-
-
 def task_response(call, status_code=status.HTTP_200_OK, headers=None):
-    body = task_body(call)
-    response = Response(body, status=status_code, headers=headers)
-    hint = poll_hint(call, body.get('position'))
-    if hint is not None:
-        response['Retry-After'] = str(hint)
+    progress_now = lifecycle.progress(call)
+    response = Response(task_body(call, progress_now), status=status_code, headers=headers)
+    if progress_now.poll_after is not None:
+        response['Retry-After'] = str(progress_now.poll_after)
     return response
 
 
 HANDLE = inline_serializer('TaskHandle', {
     'id': serializers.CharField(), 'state': serializers.CharField(), 'endpoint': serializers.CharField(),
-    'lane': serializers.CharField(), 'url': serializers.CharField(), 'created_at': serializers.DateTimeField()})
+    'lane': serializers.CharField(), 'url': serializers.CharField(),
+    'created_at': serializers.DateTimeField(),
+    'estimated_start_at': serializers.DateTimeField(allow_null=True),
+    'estimated_finish_at': serializers.DateTimeField(allow_null=True)})
 TASK = inline_serializer('Task', {
     'id': serializers.CharField(), 'state': serializers.ChoiceField(choices=State.values),
     'endpoint': serializers.CharField(), 'lane': serializers.CharField(), 'url': serializers.CharField(),
     'created_at': serializers.DateTimeField(), 'started_at': serializers.DateTimeField(allow_null=True),
     'finished_at': serializers.DateTimeField(allow_null=True),
+    'estimated_start_at': serializers.DateTimeField(allow_null=True),
+    'estimated_finish_at': serializers.DateTimeField(allow_null=True),
     'position': serializers.IntegerField(required=False),
     'result': serializers.JSONField(required=False), 'error': serializers.CharField(required=False)})
 REFUSAL = inline_serializer('CapacityRefusal', {
@@ -159,7 +163,12 @@ def with_count(response):
 
 
 def accepted(call):
-    return Response(handle_body(call), status=status.HTTP_202_ACCEPTED, headers={'Location': task_url(call.pk)})
+    """202 with the handle, and Retry-After: when to poll it first (the call's expected finish)."""
+    progress_now = lifecycle.progress(call)
+    headers = {'Location': task_url(call.pk)}
+    if progress_now.poll_after is not None:
+        headers['Retry-After'] = str(progress_now.poll_after)
+    return Response(handle_body(call, progress_now), status=status.HTTP_202_ACCEPTED, headers=headers)
 
 
 def idempotency_key(request):
@@ -189,9 +198,11 @@ class HeavyCallView(APIView):
         return []
 
     def check_rate_limits(self):
-        for throttle in (HeavyRateThrottle(),):
-            if not throttle.allow_request(self.request, self):
-                self.throttled(self.request, throttle.wait())
+        throttle = HeavyRateThrottle()
+        allowed = throttle.allow_request(self.request, self)
+        self.rate_quota = throttle.quota()
+        if not allowed:
+            self.throttled(self.request, throttle.wait())
 
     def flags(self, request):
         return False, False
@@ -246,8 +257,12 @@ class HeavyCallView(APIView):
         return response
 
     def finalize_response(self, request, response, *args, **kwargs):
+        """Add the capacity headers and the RateLimit fields of the lanes and the rate limit this request
+        was checked against (the 429s too)."""
         response = super().finalize_response(request, response, *args, **kwargs)
-        for name, value in headers(getattr(self, 'admission', None)).items():
+        admission = getattr(self, 'admission', None)
+        limits = ratelimit.fields([*quotas(admission), getattr(self, 'rate_quota', None)])
+        for name, value in {**headers(admission), **limits}.items():
             response[name] = value
         return response
 

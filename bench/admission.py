@@ -35,7 +35,7 @@ def main():
 
     from capacity import gate as capacity_gate
     from capacity.config import clear_cache, save_config
-    from capacity.keys import expired_key, lane_key
+    from capacity.keys import expired_key, hold_field, holds_key, lane_key
     from capacity.store import LaneStore, read_script, use_store
     from workers.lanes import get_queue
 
@@ -60,12 +60,14 @@ def main():
     assert probe.decision == 'admitted', probe.decision
     keys = list(probe.keys)
     limits = [HIGH] * len(keys)
+    fields = [hold_field(key) for key in keys]
     capacity_gate.release(probe)
     print(f'a call takes {len(keys)} lanes: {", ".join(key.split("}:", 1)[1] for key in keys)}', flush=True)
 
     def floor():
         token = uuid.uuid4().hex
-        raw.evalsha(acquire_sha, len(keys) + 1, *keys, expired_key(), token, 60_000, '0', 2**62, *limits)
+        raw.evalsha(acquire_sha, len(keys) + 2, *keys, expired_key(), holds_key(), token, 60_000, '0', 2**62,
+                    *limits, *fields)
         return token
 
     results = {}

@@ -4,7 +4,7 @@
 worker on the call's row in one JSON form (`to_json` / `from_json`), and becomes the call's leases again
 with `lease()` (the API's) or `worker_lease()` (the worker's: without this API host's lane, which the API
 drops when it stops waiting). The response headers, the 429 body and the call's log record are pure
-functions of it (`headers`, `refusal_body`, `log_record`).
+functions of it (`headers`, `quotas`, `refusal_body`, `log_record`).
 """
 import dataclasses
 from dataclasses import dataclass
@@ -16,6 +16,7 @@ from capacity.constants import (
     HEADER_TIER_LIMIT, LOG_EVENT, Decision, Lane,
 )
 from capacity.lease import Lease
+from common.ratelimit import CONCURRENT, Quota
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class Admission:
     full: tuple[Lane, ...] = ()
     holding: bool = False       # leases taken (in every lane of `lanes`)
     lease_ms: int = 0
+    acquired_ms: int = 0        # Redis's clock (epoch ms) when they were taken: a release measures from it
     retry_after: int | None = None
     suggested: int | None = None
     error: str | None = None    # what the limiter met, `<ExcClass>: <message>`
@@ -90,7 +92,8 @@ class Admission:
 
     def lease(self, store=None):
         """The leases this admission took, as the API holds them."""
-        return Lease(self.keys, self.token, self.lease_ms, holding=self.holding, store=store)
+        return Lease(self.keys, self.token, self.lease_ms, holding=self.holding, store=store,
+                     acquired_ms=self.acquired_ms)
 
     def worker_lanes(self):
         """The lanes a worker renews and releases: all but this API host's lane."""
@@ -98,7 +101,7 @@ class Admission:
 
     def worker_lease(self, lease_ms, store=None):
         return Lease([state.key for state in self.worker_lanes()], self.token, lease_ms, holding=self.holding,
-                     store=store)
+                     store=store, acquired_ms=self.acquired_ms)
 
     def worker_limits(self):
         return [state.limit for state in self.worker_lanes()]
@@ -119,6 +122,7 @@ class Admission:
             'full': [str(lane) for lane in self.full],
             'holding': self.holding,
             'lease_ms': self.lease_ms,
+            'acquired_ms': self.acquired_ms,
             'retry_after': self.retry_after,
             'suggested': self.suggested,
             'error': self.error,
@@ -144,6 +148,7 @@ class Admission:
             full=tuple(Lane(lane) for lane in data.get('full') or ()),
             holding=bool(data.get('holding')),
             lease_ms=int(data.get('lease_ms') or 0),
+            acquired_ms=int(data.get('acquired_ms') or 0),
             retry_after=data.get('retry_after'),
             suggested=data.get('suggested'),
             error=data.get('error'),
@@ -170,6 +175,24 @@ def headers(admission):
     if admission.refused:
         values['Retry-After'] = admission.retry_after
     return {name: str(value) for name, value in values.items() if value is not None}
+
+
+def quotas(admission):
+    """The admission's lanes as RateLimit quotas (common.ratelimit): each lane a concurrency quota of this
+    call's limit there, what is left of it after this call, and for a full lane the seconds until a slot is
+    expected to free up (the Retry-After); none when the limiter didn't gate the call."""
+    if admission is None or admission.decision in (None, Decision.COALESCED, Decision.CACHED):
+        return []
+    counts = admission.counts
+    result = []
+    for state in admission.lanes:
+        full = state.lane in admission.full
+        result.append(Quota(
+            name=str(state.lane), limit=state.limit, unit=CONCURRENT,
+            partition=admission.tier if state.lane == Lane.TIER else None,
+            remaining=state.limit - counts[state.lane] if counts else None,
+            reset=admission.retry_after if full else None))
+    return result
 
 
 def refusal_body(admission):

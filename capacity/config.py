@@ -96,8 +96,12 @@ def _check_rules(config):
     if config['max_hold_seconds'] < lease:
         errors.append('"max_hold_seconds" can\'t be less than "lease_seconds".')
     retry_after = config['retry_after']
-    if retry_after['base'] < 1 or retry_after['paused'] < 1 or retry_after['max'] < retry_after['base']:
-        errors.append('"retry_after" needs "base" and "paused" of at least 1, and "max" of at least "base".')
+    if (retry_after['base'] < 1 or retry_after['paused'] < 1 or retry_after['min'] < 1
+            or retry_after['max'] < max(retry_after['base'], retry_after['min'])):
+        errors.append('"retry_after" needs "base", "min" and "paused" of at least 1, and "max" of at least '
+                      '"base" and "min".')
+    if retry_after['measured'] not in (0, 1):
+        errors.append('"retry_after.measured" must be 1 (from measured hold times) or 0 (the base alone).')
     if config['queue']['deadline_seconds'] < lease:
         errors.append('"queue.deadline_seconds" can\'t be less than "lease_seconds".')
     wait = config['wait']

@@ -82,9 +82,11 @@ DEFAULTS = {
     # process, is renew_seconds later (capacity.config.time_limits).
     'max_hold_seconds': 900,
     'retry_after': {
-        'base': 5,     # seconds per call ahead in the fullest lane
+        'base': 5,     # seconds per call ahead in the fullest lane, while its hold time isn't measured yet
+        'min': 1,      # the shortest a measured Retry-After is
         'max': 30,
         'paused': 120,  # when a lane's limit is 0
+        'measured': 1,  # 1: from the lanes' measured hold times (decisions.retry_after); 0: base only
     },
     'queue': {
         'deadline_seconds': 600,  # a queued call expires (with its leases) if no worker starts it by then

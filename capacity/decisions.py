@@ -4,6 +4,7 @@ Which lanes a call takes and their limits, which lanes are full, the decision, R
 refusal names, the concurrency a client should use, and the 429 body. capacity.gate feeds these with what
 the lane store returned.
 """
+import math
 from dataclasses import dataclass
 
 from capacity.constants import ENFORCE, ERROR_CODE, MATCH, Decision, Lane
@@ -109,14 +110,34 @@ def limits_of(lanes):
     return {item.lane: item.limit for item in lanes}
 
 
-def retry_after(config, lanes, before, full):
-    """Seconds to wait: base per call ahead in the fullest lane, up to max; `paused` when a limit is 0."""
+def retry_after(config, lanes, before, full, holds=()):
+    """Whole seconds a refused call should wait before it could be admitted; `paused` when a limit is 0.
+
+    A full lane with `ahead = count - limit + 1` calls ahead of this one frees a slot each time one of its
+    `count` leases is released. `holds[i]` is lane i's measured mean hold (ms, None when nothing was
+    measured yet); with it, the lane releases `count / hold` leases per ms (Little's law), so `ahead`
+    releases take `ahead * hold / count` ms. A lane with no measurement falls back to the seed's formula,
+    `base` seconds per call ahead; so does every lane when `measured` is 0. The wait is the longest over the
+    full lanes (all must free up), rounded up to whole seconds and kept between `min` and `max`.
+    """
+    settings = config['retry_after']
     limits = limits_of(lanes)
     if any(limits[lane] == 0 for lane in full):
-        return config['retry_after']['paused']
-    counts = {item.lane: count for item, count in zip(lanes, before)}
-    ahead = max(counts[lane] - limits[lane] + 1 for lane in full)
-    return min(config['retry_after']['max'], config['retry_after']['base'] * ahead)
+        return settings['paused']
+    holds = tuple(holds) if settings['measured'] else ()
+    holds += (None,) * (len(lanes) - len(holds))
+    waits = []
+    for item, count, hold in zip(lanes, before, holds):
+        if item.lane not in full:
+            continue
+        ahead = count - item.limit + 1
+        if hold is None:
+            waits.append(settings['base'] * ahead)
+        else:
+            waits.append(ahead * hold / max(count, 1) / 1000)
+    seconds = math.ceil(max(waits) - 1e-9)  # 2.0000000001 s of float noise is still 2 s
+    return max(settings['min'], min(settings['max'], seconds))
+
 
 
 def scope(limits, full):

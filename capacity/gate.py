@@ -79,7 +79,7 @@ def admit(user, endpoint='', rows=0, semantic=False, reranker=False, waits=False
         taken = int(acquired.taken)
         counted = tuple(LaneState(item.lane, key, item.limit, count + taken)
                         for item, key, count in zip(lanes, keys, acquired.counts))
-        retry = (decisions.retry_after(config, lanes, acquired.counts, full)
+        retry = (decisions.retry_after(config, lanes, acquired.counts, full, acquired.holds)
                  if decision in (Decision.SHADOW_REFUSED, Decision.REFUSED) else None)
         suggested, error = None, None
         try:
@@ -89,7 +89,8 @@ def admit(user, endpoint='', rows=0, semantic=False, reranker=False, waits=False
             error = failopen.record(None, ex, 'suggested concurrency')
         admission = Admission(
             decision=decision, token=token, call=call, mode=config['mode'], enforced=enforced, lanes=counted,
-            full=full, holding=acquired.taken, lease_ms=lease_ms, facts=facts, retry_after=retry,
+            full=full, holding=acquired.taken, lease_ms=lease_ms,
+            acquired_ms=acquired.acquired_ms if acquired.taken else 0, facts=facts, retry_after=retry,
             suggested=suggested)
         return admission.with_error(error) if error else admission
     except Exception as ex:  # noqa: BLE001 - the one place admission fails open

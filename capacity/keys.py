@@ -58,6 +58,32 @@ def expired_key():
     return lane_key(STATS_LANE, 'expired')
 
 
+def holds_key():
+    """The hash of measured times (capacity.holds): how long leases are held per lane, how long calls run
+    per queue. Release updates it; acquire reads it when a lane is full (both in their own script)."""
+    return lane_key(STATS_LANE, 'holds')
+
+
+# Lanes with a key per user or per API host: their hold times are measured together, one field per lane,
+# so the hash stays as small as the set of lanes (100,000 users would otherwise mean 100,000 fields).
+POOLED_LANES = frozenset({'user', 'api_heavy_task'})
+
+
+def hold_field(key):
+    """The field of `holds_key()` that measures the lane `key` holds, e.g. 'es2_knn', 'tier:preview',
+    'user' (every user's lane together)."""
+    if isinstance(key, bytes):
+        key = key.decode()
+    name = key.split('}:', 1)[-1]
+    lane = name.split(':', 1)[0]
+    return lane if lane in POOLED_LANES else name
+
+
+def run_field(queue):
+    """The field of `holds_key()` that measures how long the calls of `queue` run."""
+    return f'run:{queue}'
+
+
 def escape_glob(text):
     return ''.join('\\' + char if char in GLOB_SPECIALS else char for char in text)
 

@@ -18,10 +18,11 @@ logger = logging.getLogger('heavy_lanes')
 
 
 class Lease:
-    def __init__(self, keys, token, lease_ms, holding=True, store=None):
+    def __init__(self, keys, token, lease_ms, holding=True, store=None, acquired_ms=0):
         self.keys = list(keys)
         self.token = token
         self.lease_ms = int(lease_ms)
+        self.acquired_ms = int(acquired_ms or 0)  # Redis's clock at the acquire: the hold is measured from it
         self.holding = holding  # False for a call that went ahead uncounted: there is nothing to renew
         self.store = store or get_store()
         self.lease_lost = False
@@ -63,8 +64,12 @@ class Lease:
         self.holding, self.lease_lost = True, False
         return True
 
-    def release(self, keys=None):
-        """Remove this call's token from `keys` (default: all its lanes). Idempotent for the whole set."""
+    def release(self, keys=None, ran=None):
+        """Remove this call's token from `keys` (default: all its lanes). Idempotent for the whole set.
+
+        The release measures how long each lane held it; `ran` = (queue, run_ms) also measures how long
+        the call ran on its queue (capacity.decisions and the poll hints read both).
+        """
         if keys is None:
             if self.released:
                 return
@@ -77,7 +82,7 @@ class Lease:
             self.store.releases.defer(keys, self.token)
             return
         try:
-            self.store.release(list(keys), self.token)
+            self.store.release(list(keys), self.token, acquired_ms=self.acquired_ms, ran=ran)
         except Exception as ex:  # noqa: BLE001
             failopen.record(self, ex, 'release', self.store)
             self.store.releases.defer(keys, self.token)  # idempotent: harmless if Redis ran it after all

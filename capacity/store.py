@@ -27,12 +27,12 @@ import functools
 import importlib.resources
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 from django.conf import settings
 
-from capacity.keys import expired_key, lane_pattern
+from capacity.keys import expired_key, hold_field, holds_key, lane_pattern, run_field
 from capacity.releases import DeferredReleases
 from capacity.threads import RedisThread
 from common import connections
@@ -43,6 +43,7 @@ SCAN_COUNT = 100
 MAX_READY = 32  # established connections per process that lane operations use on their caller's thread
 NOT_AFTER_SLACK_SECONDS = 2  # room for the clocks of this host and Redis to differ
 LATE_ACQUIRE = 'Redis ran the acquire after its caller stopped waiting; no lease was taken'
+HOLD_WEIGHT = 0.2  # the newest release's weight in a lane's mean hold: about the last 5 releases count
 
 
 @functools.cache
@@ -63,10 +64,17 @@ def get_not_after_ms():
 
 @dataclass(frozen=True)
 class Acquired:
-    """What an acquire did: whether it took the leases, and each lane's count before this call."""
+    """What an acquire did: whether it took the leases, and each lane's count before this call.
+
+    Two readings come with it and are left out of comparisons (they are measurements, not the outcome):
+    `acquired_ms`, Redis's clock when it ran (epoch ms: what a release measures the hold from), and, when
+    a lane was full, `holds`: each lane's mean hold in ms (None where nothing was measured yet).
+    """
 
     taken: bool
     counts: tuple[int, ...]
+    acquired_ms: int = field(default=0, compare=False)
+    holds: tuple[int | None, ...] = field(default=(), compare=False)
 
 
 class LaneStore:
@@ -253,11 +261,15 @@ class LaneStore:
                              f'{len(limits)} limits')
         if not_after_ms is None:
             not_after_ms = get_not_after_ms()
-        args = [token, int(lease_ms), '1' if force else '0', int(not_after_ms), *limits]
-        result = self.operate(self.run_script, 'acquire', [*keys, expired_key()], args)
+        args = [token, int(lease_ms), '1' if force else '0', int(not_after_ms), *limits,
+                *(hold_field(key) for key in keys)]
+        result = self.operate(self.run_script, 'acquire', [*keys, expired_key(), holds_key()], args)
         if int(result[0]) == -1:
             raise redis.TimeoutError(LATE_ACQUIRE)
-        return Acquired(taken=bool(int(result[0])), counts=tuple(int(count) for count in result[1:]))
+        lanes = len(keys)
+        holds = tuple(None if int(hold) < 0 else int(hold) for hold in result[2 + lanes:2 + 2 * lanes])
+        return Acquired(taken=bool(int(result[0])), counts=tuple(int(count) for count in result[2:2 + lanes]),
+                        acquired_ms=int(result[1]), holds=holds)
 
     def renew(self, keys, token, lease_ms):
         """Move every lease of `token` to expire `lease_ms` ms from now, only if all are held; return held."""
@@ -266,12 +278,20 @@ class LaneStore:
             raise ValueError('renew needs at least one key')
         return int(self.operate(self.run_script, 'renew', keys, [token, int(lease_ms)]))
 
-    def release(self, keys, token):
-        """Remove the leases of `token`; return how many were removed (0 on a second release)."""
+    def release(self, keys, token, acquired_ms=0, ran=None):
+        """Remove the leases of `token`; return how many were removed (0 on a second release).
+
+        With `acquired_ms` (Redis's clock at the acquire, Acquired.acquired_ms), each lane whose lease this
+        removed measures how long it was held; with `ran` (queue, run_ms), the queue measures how long the
+        call ran. Both in the release's own script: no round trip of their own.
+        """
         keys = list(keys)
-        if not keys:
+        if not keys and ran is None:
             return 0
-        return int(self.operate(self.run_script, 'release', keys, [token]))
+        field_name, run_ms = (run_field(ran[0]), max(int(ran[1]), 0)) if ran is not None else ('', 0)
+        args = [token, int(acquired_ms or 0), HOLD_WEIGHT, field_name, run_ms,
+                *(hold_field(key) for key in keys)]
+        return int(self.operate(self.run_script, 'release', [*keys, holds_key()], args))
 
     def count(self, keys):
         """Each lane's unexpired leases, in `keys` order (nothing is pruned)."""
@@ -291,6 +311,17 @@ class LaneStore:
     def find_keys(self, lane):
         """Every key of a lane that has parts (e.g. each host's api_heavy_task key), sorted."""
         return self.call(self.run_scan, lane_pattern(lane))
+
+    def holds(self):
+        """{field: mean ms} of every measurement in the hold-time hash (capacity.keys.hold_field and
+        run_field name them), without the sample counts."""
+        raw = self.command('hgetall', holds_key())
+        means = {}
+        for name, value in raw.items():
+            name = name.decode() if isinstance(name, bytes) else name
+            if '|' not in name:
+                means[name] = int(value)
+        return means
 
     def expired_total(self):
         """How many leases acquire found expired (never released) since the counter began."""

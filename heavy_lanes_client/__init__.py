@@ -17,8 +17,11 @@ Modules:
 - the load generator: load (the whole run), load_plan (what to run, checked), user (one simulated user),
   ledger (every call and its outcome), sampler (/capacity/status/), load_report (groups and tables).
 
-Needs only the standard library and `requests`.
+Needs only the standard library and `requests`; installs on its own with pip (pyproject.toml beside this
+file), with the `heavy-lanes` command.
 """
+__version__ = '0.2.0'
+
 from heavy_lanes_client.answers import error_for
 from heavy_lanes_client.client import Client
 from heavy_lanes_client.errors import (
@@ -28,6 +31,7 @@ from heavy_lanes_client.errors import (
     GaveUp,
     IdempotencyConflict,
     InvalidRequest,
+    LanePaused,
     ProtocolError,
     RateLimited,
     Refused,
@@ -55,8 +59,8 @@ from heavy_lanes_client.summary import format_summary
 
 __all__ = [
     'AuthError', 'Capacity', 'CapacityRefused', 'Client', 'ClientError', 'GaveUp', 'Handle',
-    'IdempotencyConflict', 'InvalidRequest', 'MatchJob', 'PollPolicy', 'ProtocolError', 'RateLimited',
-    'Refused', 'RequestRejected', 'RerankJob', 'RetryPolicy', 'RowOutcome', 'RowStatus', 'Run',
-    'RunInterrupted', 'RunReport', 'ServerError', 'Source', 'State', 'Summary', 'Task', 'TaskNotFound',
-    'TransportError', 'error_for', 'format_summary',
+    'IdempotencyConflict', 'InvalidRequest', 'LanePaused', 'MatchJob', 'PollPolicy', 'ProtocolError',
+    'RateLimited', 'Refused', 'RequestRejected', 'RerankJob', 'RetryPolicy', 'RowOutcome', 'RowStatus',
+    'Run', 'RunInterrupted', 'RunReport', 'ServerError', 'Source', 'State', 'Summary', 'Task', 'TaskNotFound',
+    'TransportError', '__version__', 'error_for', 'format_summary',
 ]

@@ -1,8 +1,8 @@
 """What the server's answer means: its JSON body if it has one, and the ClientError for any answer that is
 not a success (capacity refusal, rate limit, server error, rejection), with its data read from the body and
-the X-OCL-Capacity-* and Retry-After headers.
+the X-OCL-Capacity-* and Retry-After headers (or the IETF RateLimit fields, when those are all it has).
 """
-from heavy_lanes_client import errors
+from heavy_lanes_client import errors, ratelimit
 from heavy_lanes_client.models import Capacity, retry_after_seconds
 
 
@@ -44,6 +44,8 @@ def error_for(response, not_found=errors.RequestRejected):
     retry_after = retry_after_seconds(response.headers.get('Retry-After'))
     if retry_after is None:
         retry_after = retry_after_seconds(body.get('retry_after'))
+    if retry_after is None:  # a server that says it only in the standard RateLimit field
+        retry_after = retry_after_seconds(ratelimit.wait_seconds(response.headers))
     text = _describe_detail(detail)
     fields = dict(status=status, error_code=code, detail=detail, capacity=capacity, retry_after=retry_after)
     if status == 429:

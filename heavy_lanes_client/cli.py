@@ -1,4 +1,5 @@
-"""The command line: `python -m heavy_lanes_client match|rerank|sources|status|load ...` (docs/client.md).
+"""The command line: `heavy-lanes match|rerank|sources|status|load ...`, also run as
+`python -m heavy_lanes_client` (docs/client.md).
 
 Exit codes: 0 every row ran (matched or no match) / every load call accounted for; 1 some rows failed /
 some load calls unaccounted; 2 bad arguments or input; 130 interrupted (Ctrl-C: tasks in flight were
@@ -11,7 +12,7 @@ import os
 import sys
 from dataclasses import asdict
 
-from heavy_lanes_client import errors
+from heavy_lanes_client import __version__, errors
 from heavy_lanes_client.client import Client
 from heavy_lanes_client.load import LoadGenerator
 from heavy_lanes_client.load_plan import DEFAULT_MIX, LoadPlan, parse_mix, parse_token_arg, read_accounts
@@ -60,11 +61,21 @@ def _run_options(parser):
                                          'size) to pick up its tasks instead of submitting again')
     parser.add_argument('--output', '-o', help='write every row\'s outcome to this .json or .csv file')
     parser.add_argument('--no-progress', action='store_true', help='no progress bar on stderr')
+    parser.add_argument('--wait-paused', action='store_true',
+                        help='wait out a paused lane (429 with "paused": true) like any refusal, within '
+                             '--max-wait; without it the run stops at the first such refusal')
+
+
+def program_name():
+    """`heavy-lanes` when run as the installed command, else how `python -m` runs it."""
+    return 'heavy-lanes' if os.path.basename(sys.argv[0] or '').startswith('heavy-lanes') else (
+        'python -m heavy_lanes_client')
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog='python -m heavy_lanes_client',
+    parser = argparse.ArgumentParser(prog=program_name(),
                                      description='Client and load generator for the Heavy Lanes API.')
+    parser.add_argument('--version', action='version', version=f'%(prog)s {__version__}')
     commands = parser.add_subparsers(dest='command', required=True)
 
     match = commands.add_parser('match', help='match rows against a source, in batches')
@@ -171,7 +182,8 @@ def _run(args, parser, out, err, make_run):
     if args.max_concurrency < 1:
         parser.error('--max-concurrency must be at least 1')
     try:
-        retry = RetryPolicy(max_attempts=args.max_attempts, max_wait_seconds=args.max_wait)
+        retry = RetryPolicy(max_attempts=args.max_attempts, max_wait_seconds=args.max_wait,
+                            wait_paused=args.wait_paused)
     except ValueError as ex:
         parser.error(str(ex))
     poll = PollPolicy(long_poll_seconds=max(0, args.long_poll), task_timeout_seconds=args.task_timeout)

@@ -21,7 +21,7 @@ from urllib.parse import urljoin, urlsplit
 import requests
 from requests.adapters import HTTPAdapter
 
-from heavy_lanes_client import errors
+from heavy_lanes_client import __version__, errors
 from heavy_lanes_client.answers import error_for, json_or_none
 from heavy_lanes_client.models import (
     MATCH,
@@ -36,7 +36,7 @@ from heavy_lanes_client.models import (
 from heavy_lanes_client.retry import RetryPolicy
 from heavy_lanes_client.rows import as_rows
 
-USER_AGENT = 'heavy-lanes-client/0.1'
+USER_AGENT = f'heavy-lanes-client/{__version__}'
 REQUEST_SOURCE = 'heavy-lanes-client'
 CONNECT_TIMEOUT = 5.0   # seconds
 READ_TIMEOUT = 30.0     # seconds; a long poll adds its wait on top

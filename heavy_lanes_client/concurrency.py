@@ -1,4 +1,5 @@
-"""A semaphore whose size follows the server's X-OCL-Capacity-Suggested-Concurrency."""
+"""A semaphore whose size follows the server's X-OCL-Capacity-Suggested-Concurrency (or, without it, the
+room the IETF RateLimit fields leave)."""
 import threading
 
 
@@ -17,6 +18,7 @@ class AdaptiveLimit:
         self._limit = max(1, min(cap, limit))
         self._held = 0
         self._max_held = 0
+        self._running = 0  # held by calls the server took (a handle came back) whose task is still open
         self._cond = threading.Condition()
 
     @property
@@ -46,6 +48,17 @@ class AdaptiveLimit:
             return
         if capacity.suggested is not None:
             self.set(capacity.suggested)
+        elif capacity.room is not None:
+            # Only the standard RateLimit fields: what the server counts of ours (the calls it took that
+            # still run, this one among them) plus the room it has left, and never more than the smallest
+            # quota (a call that ended on the server but whose end we haven't seen yet is still counted
+            # here). Calls being sent or waiting out a 429 hold a slot but are not counted there.
+            with self._cond:
+                running = self._running
+            allowed = running + capacity.room
+            if capacity.room_quota is not None:
+                allowed = min(allowed, capacity.room_quota)
+            self.set(allowed)
         elif first_send and not capacity.counted:
             self.set(self.cap)
 
@@ -61,6 +74,16 @@ class AdaptiveLimit:
             self._held += 1
             self._max_held = max(self._max_held, self._held)
             return True
+
+    def taken(self):
+        """The server took a call that holds a slot (its task is open until `done()`)."""
+        with self._cond:
+            self._running += 1
+
+    def done(self):
+        """A call the server took has ended."""
+        with self._cond:
+            self._running = max(self._running - 1, 0)
 
     def release(self):
         with self._cond:

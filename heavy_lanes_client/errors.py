@@ -13,6 +13,8 @@
     │   ├── IdempotencyConflict      422: the Idempotency-Key was used for another payload
     │   └── TaskNotFound             404 on a task: gone, or not the caller's
     └── GaveUp                       retries exhausted (`attempts`, `waited`); `last` is the final error
+        └── LanePaused               a paused lane (`paused: true`): waiting won't clear it, so the call
+                                     stopped at once (RetryPolicy.wait_paused waits it out instead)
 
     RunInterrupted(KeyboardInterrupt)  Ctrl-C during Run.execute(): the run's tasks were cancelled, and
                                        `report` holds every row's outcome (cancelled rows are "failed").
@@ -115,6 +117,15 @@ class GaveUp(ClientError):
         self.last = last
         self.attempts = attempts
         self.waited = waited
+
+
+class LanePaused(GaveUp):
+    """A capacity 429 for a paused lane (its limit is 0: operators stopped it). It doesn't clear by waiting,
+    so the call stops at its first refusal instead of waiting out its budget; `scope` names the lane."""
+
+    def __init__(self, message, last=None, attempts=0, waited=0.0):
+        super().__init__(message, last=last, attempts=attempts, waited=waited)
+        self.scope = getattr(last, 'scope', None)
 
 
 class RunInterrupted(KeyboardInterrupt):

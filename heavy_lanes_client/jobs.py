@@ -45,6 +45,17 @@ def _row_outcome(batch, offset, name, task, key, candidates):
     return RowOutcome(status=RowStatus.NO_MATCH, **common)
 
 
+def candidates_of(entry):
+    """A row entry's candidates, best first: OCL's `results` list of concepts, or the earlier
+    `candidates`; None when the entry has neither."""
+    if not isinstance(entry, dict):
+        return None
+    for name in ('results', 'candidates'):
+        if isinstance(entry.get(name), list):
+            return entry[name]
+    return None
+
+
 class Job:
     """What MatchJob and RerankJob share. A job also has `label`, `batches()`, `names(batch)`,
     `submit(client, batch, key, metadata)` and `_ran(batch, found, task, key)`, which reads the list
@@ -65,14 +76,18 @@ class Job:
         """One RowOutcome per row of `batch`, from its call's final task."""
         if task.state != State.SUCCEEDED:
             return self.failed(batch, _task_failure(task), key, task.id)
-        # OCL's answer is a list (one entry per row for $match, the rows for $rerank); servers before it
-        # answered an object holding that list under `result_key`.
-        found = task.result if isinstance(task.result, list) else (
-            task.result.get(self.result_key) if isinstance(task.result, dict) else None)
+        found = self.entries(task.result)
         if not isinstance(found, list):
             reason = f'task succeeded but its result has no "{self.result_key}" list'
             return self.failed(batch, reason, key, task.id)
         return self._ran(batch, found, task, key)
+
+    def entries(self, result):
+        """The list of a succeeded task's result this job reads, or None: OCL's answers are lists (the
+        scored rows of $rerank); earlier servers' were objects holding it under `result_key`."""
+        if isinstance(result, list):
+            return result
+        return result.get(self.result_key) if isinstance(result, dict) else None
 
     def is_fatal(self, error):
         """Whether a rejection concerns every batch of the run (so sending the others is pointless)."""
@@ -117,13 +132,20 @@ class MatchJob(Job):
                                    reranker=self.reranker, limit=self.limit, idempotency_key=key,
                                    metadata=metadata)
 
+    def entries(self, result):
+        """One entry per input row: OCL's wire format is the list itself, each entry
+        `{"row": ..., "results": [<concept>, ...]}`; the earlier shape was an object whose `results` list
+        holds `{"row": ..., "candidates": [...]}` entries."""
+        if isinstance(result, list):
+            return result
+        return super().entries(result)
+
     def _ran(self, batch, results, task, key):
-        """The server returns one result per input row, in order; a row is matched by position."""
+        """The server returns one entry per input row, in order; a row is matched by position."""
         out = []
         for i, name in enumerate(self.names(batch)):
             entry = results[i] if i < len(results) else None
-            candidates = entry.get('results', entry.get('candidates')) if isinstance(entry, dict) else None
-            out.append(_row_outcome(batch, i, name, task, key, candidates))
+            out.append(_row_outcome(batch, i, name, task, key, candidates_of(entry)))
         return out
 
 

@@ -3,6 +3,8 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+from heavy_lanes_client import ratelimit
+
 HEADER_DECISION = 'X-OCL-Capacity-Decision'
 HEADER_LIMIT = 'X-OCL-Capacity-Limit'
 HEADER_IN_FLIGHT = 'X-OCL-Capacity-In-Flight'
@@ -64,7 +66,11 @@ def retry_after_seconds(value):
 
 @dataclass(frozen=True)
 class Capacity:
-    """The X-OCL-Capacity-* headers of one answer; every field is None when the header was absent."""
+    """The X-OCL-Capacity-* headers of one answer; every field is None when the header was absent.
+
+    Without them (a server or proxy that sends only the standard fields), `room` is read from the IETF
+    RateLimit fields instead: how many more calls its concurrency quotas have room for now.
+    """
 
     decision: str | None = None  # admitted, shadow-refused, refused, unavailable
     limit: int | None = None
@@ -73,23 +79,30 @@ class Capacity:
     tier_limit: int | None = None
     tier_in_flight: int | None = None
     suggested: int | None = None  # calls this caller should keep in flight at once
+    room: int | None = None       # RateLimit: the fewest more calls any concurrency quota takes now
+    room_quota: int | None = None  # ... and the smallest of those quotas
 
     @classmethod
     def from_headers(cls, headers):
+        decision = headers.get(HEADER_DECISION) or None
+        standard = ratelimit.concurrency(headers) if decision is None else ratelimit.Concurrency()
         return cls(
-            decision=headers.get(HEADER_DECISION) or None,
+            decision=decision,
             limit=_int_or_none(headers.get(HEADER_LIMIT)),
             in_flight=_int_or_none(headers.get(HEADER_IN_FLIGHT)),
             tier=headers.get(HEADER_TIER) or None,
             tier_limit=_int_or_none(headers.get(HEADER_TIER_LIMIT)),
             tier_in_flight=_int_or_none(headers.get(HEADER_TIER_IN_FLIGHT)),
             suggested=_int_or_none(headers.get(HEADER_SUGGESTED)),
+            room=standard.left,
+            room_quota=standard.quota,
         )
 
     @property
     def counted(self):
-        """True when the server's limiter looked at the call (any decision header)."""
-        return self.decision is not None
+        """True when the server's limiter looked at the call (a decision header, or RateLimit fields of a
+        concurrency quota)."""
+        return self.decision is not None or self.room is not None
 
 
 @dataclass(frozen=True)
@@ -107,6 +120,8 @@ class Task:
     result: object = None
     error: str | None = None
     poll_after: float | None = None
+    estimated_start_at: str | None = None   # when the server expects it to start (None: unknown, or started)
+    estimated_finish_at: str | None = None  # ... and to finish
 
     @property
     def finished(self):
@@ -118,7 +133,8 @@ class Task:
                    lane=body.get('lane'), created_at=body.get('created_at'),
                    started_at=body.get('started_at'), finished_at=body.get('finished_at'),
                    position=body.get('position'), result=body.get('result'), error=body.get('error'),
-                   poll_after=poll_after)
+                   poll_after=poll_after, estimated_start_at=body.get('estimated_start_at'),
+                   estimated_finish_at=body.get('estimated_finish_at'))
 
 
 @dataclass(frozen=True)

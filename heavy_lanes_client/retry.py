@@ -1,11 +1,13 @@
 """When and how long to wait before sending a call again: Retry-After with jitter, bounded.
 
 A 429 (capacity or rate limit) is waited out for the server's Retry-After plus up to `jitter` of it
-(never less: the server said when), each wait capped at `max_delay_seconds`. No answer or a 5xx backs off
-exponentially with jitter (honouring a Retry-After when the 5xx has one). Every retry of a call reuses its
-Idempotency-Key, so a call the server did take before the connection dropped is answered with its handle,
-not run twice. A call stops after `max_attempts` sends or when the next wait would take its total waiting
-past `max_wait_seconds`: then GaveUp.
+(never less: the server said when, from how long its calls hold a slot), each wait capped at
+`max_delay_seconds`. A paused lane (`paused: true` in the 429) doesn't clear by waiting: the call stops at
+once with LanePaused, unless `wait_paused` asks to wait it out like any other refusal. No answer or a 5xx
+backs off exponentially with jitter (honouring a Retry-After when the 5xx has one). Every retry of a call
+reuses its Idempotency-Key, so a call the server did take before the connection dropped is answered with
+its handle, not run twice. A call stops after `max_attempts` sends or when the next wait would take its
+total waiting past `max_wait_seconds`: then GaveUp.
 
 A Holdback makes one call's 429 hold back the others that share it (a run's calls): none is sent before
 the refused call's wait is over, so one refusal does not set off a burst of them.
@@ -36,6 +38,7 @@ class RetryPolicy:
     jitter: float = 0.2               # a 429 wait is Retry-After * (1 + U(0, jitter)) (+ U(0, jitter) s)
     backoff_base_seconds: float = 0.5
     backoff_max_seconds: float = 30.0
+    wait_paused: bool = False         # wait out a paused lane's Retry-After instead of stopping at once
 
     def __post_init__(self):
         if self.max_attempts < 1:
@@ -106,6 +109,14 @@ def call_with_retries(send, policy, *, wait, rng=random, before_attempt=None, on
                 if on_error is not None:
                     on_error(ex, None)
                 raise
+            if isinstance(ex, errors.CapacityRefused) and ex.paused and not policy.wait_paused:
+                if on_error is not None:
+                    on_error(ex, None)
+                lane = f'lane {ex.scope}' if ex.scope else 'a lane'
+                raise errors.LanePaused(
+                    f'stopped: {lane} is paused on the server (its limit is 0), and waiting will not clear '
+                    f'it; ask its operators to resume it, or wait it out (--wait-paused)',
+                    last=ex, attempts=attempt, waited=waited) from ex
             delay = policy.delay(ex, attempt, rng)
             if attempt >= policy.max_attempts or waited + delay > policy.max_wait_seconds:
                 if on_error is not None:

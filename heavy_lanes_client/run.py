@@ -225,7 +225,9 @@ class Run:
         except errors.ClientError as ex:
             if self._owned_by_cancel(batch):
                 return
-            if isinstance(ex, errors.RequestRejected) and handle is None and self.job.is_fatal(ex):
+            # A paused lane stays paused for every batch: the others are not sent either.
+            if handle is None and (isinstance(ex, errors.LanePaused) or (
+                    isinstance(ex, errors.RequestRejected) and self.job.is_fatal(ex))):
                 with self._lock:
                     self._fatal = self._fatal or ex
             task_id = handle.id if handle is not None else None
@@ -241,6 +243,8 @@ class Run:
             with self._lock:
                 if batch.index not in self._cancel_owned:
                     self._open.pop(batch.index, None)
+            if handle is not None:
+                self._limit.done()
             self._limit.release()
 
     def _owned_by_cancel(self, batch):

@@ -49,6 +49,7 @@ class Sender:
             self.tally.count('submissions')
             handle = self.job.submit(self.client, batch, key, self.metadata)
             self.tally.admitted(handle.capacity)
+            self.limit.taken()  # the run's _process calls done() when its task ends
             self.limit.follow(handle.capacity, first_send=attempt == 1)
             return handle
 

@@ -23,6 +23,7 @@ killed at the hard limit, and the worker's main process ends it (workers.signals
 import ctypes
 import logging
 import threading
+import time
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
@@ -121,22 +122,34 @@ def run_loaded(call, perform, node, soft_limit):
 
     running = Work()
     heartbeat = None
+    began = None
     try:  # from here on the call is ours: whatever stops it (its soft time limit too) ends it here
         if lease.holding and not renewed and (early or not lease.renew()):
             if not (start.redelivered and lease.retake(admission.worker_limits())):
                 lease.lease_lost = True
                 logger.warning('Heavy call %s runs without its leases (lease_lost)', call.pk)
         heartbeat = start_heartbeat(call, worker, lease, config, running)
+        began = time.monotonic()
         result = running.run(perform, call)
     except CallStopped:
         end(call, worker, lease, heartbeat, recorded=False)
         return None
     except Exception as ex:
+        ran = ran_for(call, began)
         error = describe(ex, soft_limit or config['max_hold_seconds'])
-        end(call, worker, lease, heartbeat, recorded=lifecycle.fail(call, error, worker=worker))
+        end(call, worker, lease, heartbeat, recorded=lifecycle.fail(call, error, worker=worker), ran=ran)
         raise
-    end(call, worker, lease, heartbeat, recorded=lifecycle.succeed(call, result, worker=worker))
+    ran = ran_for(call, began)
+    end(call, worker, lease, heartbeat, recorded=lifecycle.succeed(call, result, worker=worker), ran=ran)
     return result
+
+
+def ran_for(call, began):
+    """(queue, ms) of a run that began at `began` (time.monotonic()) and ended now, None if it never began:
+    what the release measures as the queue's run time (the poll hints read it)."""
+    if began is None:
+        return None
+    return call.queue, int((time.monotonic() - began) * 1000)
 
 
 def describe(ex, soft_limit):
@@ -177,18 +190,19 @@ def close_connection():
     connection.close()
 
 
-def end(call, worker, lease, heartbeat, recorded):
+def end(call, worker, lease, heartbeat, recorded, ran=None):
     """After the work: stop the heartbeat, give the leases back and log the end.
 
     `recorded`: lifecycle recorded this run's end. When it didn't, the call was cancelled while it ran (its
     work has now stopped: `lifecycle.stopped`), or another delivery took it over, which holds its leases.
+    `ran`: (queue, ms) of a run that ended by itself, which the release measures.
     """
     if heartbeat is not None:
         heartbeat.stop()
     if not recorded and lifecycle.taken_over(call, worker):
         logger.warning('Heavy call %s was taken over by another delivery; this run ends without a trace', call.pk)
         return
-    lease.release()
+    lease.release(ran=ran if recorded else None)
     lifecycle.note_limiter(call, lease)
     if recorded:
         lifecycle.ended(call, lease)

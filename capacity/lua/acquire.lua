@@ -7,16 +7,21 @@
 -- KEYS[1..n]  the call's lane keys (sorted sets), all in one hash slot
 -- KEYS[n+1]   the expired-lease counter (a plain integer key): every lease this script prunes expired
 --             without a release (its worker died or stopped renewing), which ops alert on
+-- KEYS[n+2]   the hold-time hash (release.lua keeps it): field -> mean ms a lease of that lane is held
 -- ARGV[1]     token         lease token (the task id)
 -- ARGV[2]     lease_ms      lease length, ms
 -- ARGV[3]     force         '1' takes the leases even when a lane is full; '0' takes none then
 -- ARGV[4]     not_after_ms  epoch ms; later than this the caller has stopped waiting, so take nothing
 -- ARGV[5..]   limit_i       calls in flight allowed in lane i, one per lane key, in KEYS order
+-- ARGV[5+n..] field_i       lane i's field in the hold-time hash, one per lane key, in KEYS order
 --
 -- Returns {-1} when Redis runs the script after not_after_ms (it sat in a buffer while Redis hung);
--- else {taken (1 or 0), count_1, ..., count_n}: each lane's unexpired leases before this call, not
--- counting a lease this token already holds, so acquiring again with the same token (a redelivered
--- task) is idempotent. Lane i is full when count_i >= limit_i.
+-- else {taken (1 or 0), now_ms, count_1, ..., count_n}: now_ms is Redis's clock (epoch ms) when the
+-- leases were taken, which release.lua measures the hold from; each count is the lane's unexpired leases
+-- before this call, not counting a lease this token already holds, so acquiring again with the same
+-- token (a redelivered task) is idempotent. Lane i is full when count_i >= limit_i. When a lane is full,
+-- hold_1, ..., hold_n follow: each lane's mean hold in ms, or -1 when none was measured yet (what a
+-- refusal's Retry-After is computed from, read here so a refusal costs no second round trip).
 
 -- prelude (identical in every script that reads the clock)
 if redis.replicate_commands then redis.replicate_commands() end  -- TIME is non-deterministic
@@ -29,22 +34,23 @@ local function keep(key, ms)
 end
 -- end prelude
 
-local lanes = #KEYS - 1
-local expired_key = KEYS[#KEYS]
+local lanes = #KEYS - 2
+local expired_key = KEYS[#KEYS - 1]
+local holds_key = KEYS[#KEYS]
 local token = ARGV[1]
 local lease_ms = tonumber(ARGV[2])
 local force = ARGV[3] == '1'
 local not_after_ms = tonumber(ARGV[4])
-if lanes < 1 or #ARGV ~= 4 + lanes or not lease_ms or lease_ms <= 0 or not not_after_ms then
-  return redis.error_reply('acquire: expected KEYS lanes..., counter and ARGV token, lease_ms > 0, '
-    .. 'force, not_after_ms, one limit per lane')
+if lanes < 1 or #ARGV ~= 4 + 2 * lanes or not lease_ms or lease_ms <= 0 or not not_after_ms then
+  return redis.error_reply('acquire: expected KEYS lanes..., counter, holds and ARGV token, lease_ms > 0, '
+    .. 'force, not_after_ms, one limit and one hold field per lane')
 end
 
 if now_ms > not_after_ms then
   return {-1}
 end
 
-local result = {0}
+local result = {0, now_ms}
 local full = false
 local pruned = 0
 for i = 1, lanes do
@@ -55,7 +61,7 @@ for i = 1, lanes do
   if redis.call('ZSCORE', key, token) then
     count = count - 1
   end
-  result[i + 1] = count
+  result[i + 2] = count
   if count >= tonumber(ARGV[4 + i]) then
     full = true
   end
@@ -69,6 +75,11 @@ if force or not full then
   for i = 1, lanes do
     redis.call('ZADD', KEYS[i], now_ms + lease_ms, token)
     keep(KEYS[i], 2 * lease_ms)
+  end
+end
+if full then
+  for i = 1, lanes do
+    result[2 + lanes + i] = tonumber(redis.call('HGET', holds_key, ARGV[4 + lanes + i])) or -1
   end
 end
 return result

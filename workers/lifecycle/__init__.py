@@ -27,14 +27,18 @@
 - upkeep, for the sweep (workers.sweep) and retention (workers.retention): `overdue` and `maybe_lost`
   find the calls nothing else would end or run, `redeliver` publishes again the message of one that lost
   it, `forget_finished` deletes old calls with their results.
-- reads: `position`, `result`, `answer`, `wait`, `log_line`. Workers and views call this package and never
+- reads: `position`, `estimate` and `progress` (when it should start and finish, the poll hint),
+  `result`, `answer`, `wait`, `log_line`. Workers and views call this package and never
   write a call's state themselves; it is the only code that reads the stored results.
 """
 from workers.lifecycle.create import enqueue, send
 from workers.lifecycle.ending import (
     cancel, discard_message, end_unstarted, ended, expire, stopped, taken_over, wait_stopped,
 )
-from workers.lifecycle.reads import admission_of, answer, error_of, log_line, position, result, stored_result, wait
+from workers.lifecycle.reads import (
+    Progress, admission_of, answer, error_of, estimate, log_line, position, progress, result, stored_result,
+    wait,
+)
 from workers.lifecycle.running import (
     BUSY, ENDED, EXPIRE, RUN, Failure, Start, beat, busy_retry_in, fail, holder_gone, load, note_limiter, start,
     succeed, time_out, worker_name,
@@ -44,10 +48,10 @@ from workers.lifecycle.upkeep import forget_finished, maybe_lost, overdue, redel
 from workers.lifecycle.words import CANCELLED, EXPIRED, FAILED, HARD_LIMIT, SOFT_LIMIT
 
 __all__ = [
-    'BUSY', 'CANCELLED', 'ENDED', 'EXPIRE', 'EXPIRED', 'FAILED', 'HARD_LIMIT', 'RUN', 'SOFT_LIMIT', 'Failure', 'Start',
-    'admission_of', 'answer', 'beat', 'busy_retry_in', 'cancel', 'discard_message', 'end_unstarted', 'ended',
-    'enqueue', 'error_of', 'expire', 'fail', 'forget_finished', 'holder_gone', 'join', 'load', 'log_line',
-    'maybe_lost', 'note_limiter', 'overdue', 'position', 'redeliver', 'result', 'send', 'serve_cached', 'settle',
-    'start', 'stopped', 'stored_result', 'succeed', 'taken_over', 'time_out', 'unsettled', 'wait',
-    'wait_stopped', 'worker_name',
+    'BUSY', 'CANCELLED', 'ENDED', 'EXPIRE', 'EXPIRED', 'FAILED', 'Failure', 'HARD_LIMIT', 'Progress', 'RUN',
+    'SOFT_LIMIT', 'Start', 'admission_of', 'answer', 'beat', 'busy_retry_in', 'cancel', 'discard_message',
+    'end_unstarted', 'ended', 'enqueue', 'error_of', 'estimate', 'expire', 'fail', 'forget_finished',
+    'holder_gone', 'join', 'load', 'log_line', 'maybe_lost', 'note_limiter', 'overdue', 'position',
+    'progress', 'redeliver', 'result', 'send', 'serve_cached', 'settle', 'start', 'stopped', 'stored_result',
+    'succeed', 'taken_over', 'time_out', 'unsettled', 'wait', 'wait_stopped', 'worker_name',
 ]

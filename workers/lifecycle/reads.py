@@ -1,16 +1,24 @@
-"""The read side of a call: its admission, result, position, the answer the in-request endpoint would
-give, waiting for its end, and its log line. The only code that reads stored results."""
+"""The read side of a call: its admission, result, position, when it should start and finish, the answer
+the in-request endpoint would give, waiting for its end, and its log line. The only code that reads stored
+results."""
 import json
 import logging
 import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from celery import states
 from django.db import connection
 from django.db.models import Q
+from django.utils import timezone
 
+from capacity import failopen
 from capacity.admission import Admission, log_record
+from capacity.config import get_config
+from capacity.keys import holds_key, run_field
 from capacity.logs import emit
-from workers import notify
+from capacity.store import get_store
+from workers import estimates, lanes, notify
 from workers.lifecycle.words import CANCELLED, EXPIRED, FAILED
 from workers.models import HeavyCall, State
 
@@ -68,6 +76,86 @@ def position(call):
     ahead = HeavyCall.objects.filter(queue=call.queue, state=State.QUEUED, leader__isnull=True).filter(
         Q(priority__lt=call.priority) | Q(priority=call.priority, created_at__lt=call.created_at)).count()
     return ahead + 1
+
+
+def run_seconds(queue):
+    """The measured mean run time of `queue`'s calls, s (capacity.keys.run_field), or None: nothing
+    measured yet, or the lane store can't be read (a hint is never worth an error)."""
+    store = get_store()
+    if not store.is_available():
+        return None
+    try:
+        value = store.command('hget', holds_key(), run_field(queue))
+    except Exception as ex:  # noqa: BLE001 - fail open: no estimate
+        failopen.record(None, ex, 'run time read', store)
+        return None
+    return int(value) / 1000 if value is not None else None
+
+
+def estimate(call, position=None, now=None, config=None):
+    """When an unfinished call is expected to start and finish (workers.estimates), from its queue's
+    measured run time, its pool size and the calls running on it; a follower's is its leader's."""
+    if call.finished or call.detached_at is not None:
+        return estimates.UNKNOWN
+    work = call
+    if call.leader_id is not None:
+        work = HeavyCall.objects.filter(pk=call.leader_id).only(
+            'queue', 'state', 'priority', 'created_at', 'started_at', 'detached_at').first()
+        if work is None:
+            return estimates.UNKNOWN
+    run_s = run_seconds(work.queue)
+    if run_s is None:
+        return estimates.UNKNOWN
+    now = now or timezone.now()
+    if work.state == State.RUNNING:
+        started = work.started_at or now
+        return estimates.running((now - started).total_seconds(), run_s)
+    if work.state != State.QUEUED:
+        return estimates.UNKNOWN
+    pool = lanes.get_queue(work.queue).pool_size(config or get_config())
+    # A resize may leave a few more running than the pool: read a few more.
+    running_now = HeavyCall.objects.filter(queue=work.queue, state=State.RUNNING, leader__isnull=True)
+    started = running_now.values_list('started_at', flat=True)[:max(pool, 0) * 2 + 8]
+    running = [(now - at).total_seconds() for at in started if at is not None]
+    return estimates.queued(position or work_position(work), pool, run_s, running)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where an unfinished call stands for its client: its place in the queue, when it should start and
+    finish (None: unknown), and the poll hint (Retry-After, s; None once finished)."""
+
+    position: int | None = None
+    start_at: datetime | None = None
+    finish_at: datetime | None = None
+    poll_after: int | None = None
+
+
+def progress(call):
+    """The Progress of `call` now: its position, its queue's measured estimate and the poll hint from it.
+
+    Without a measured run time the hint is the old one: 1 s while running, else about the position
+    (1–10 s).
+    """
+    if call.finished:
+        return Progress()
+    place = position(call) if call.seen_state == State.QUEUED else None
+    now = timezone.now()
+    config = get_config()
+    expected = estimate(call, position=place, now=now, config=config)
+    bounds = config['retry_after']
+    hint = estimates.poll_after(expected, bounds['min'], bounds['max'])
+    if hint is None:
+        hint = 1 if call.state == State.RUNNING else max(1, min(place or 1, 10))
+
+    def at(seconds):
+        return None if seconds is None else now + timedelta(seconds=seconds)
+    return Progress(position=place, start_at=at(expected.start_in), finish_at=at(expected.finish_in),
+                    poll_after=hint)
+
+
+def work_position(work):
+    return position(work) if work.state == State.QUEUED else None
 
 
 # What a waiting request reads again: enough to answer as the task or as the in-request endpoint would.

@@ -41,6 +41,7 @@ def test_readyz_fails_while_the_broker_is_down_and_recovers_when_it_is_back(
     status, checks = ready(client)
     assert (status, checks['broker']) == (503, 'ConnectionError')
     assert time.monotonic() - started < 3  # well inside one 15 s probe interval
+    assert client.get('/readyz')['Retry-After'] == '5'  # a 503 says when to look again
     assert client.get('/healthz').status_code == 200  # liveness doesn't depend on the broker
 
     back, _ = start_redis(tmp_path / 'broker-again.log', port=urlsplit(url).port)

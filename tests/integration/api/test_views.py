@@ -56,7 +56,9 @@ def test_semantic_match_is_counted_and_carries_the_headers(broker, lanes_redis, 
     assert response['X-OCL-Capacity-Decision'] == 'admitted'
     assert response['X-OCL-Capacity-Tier'] == 'preview'
     assert response['X-OCL-Capacity-In-Flight'] == '1'
-    assert 'Retry-After' not in response
+    # The 202's Retry-After is when to poll first: nothing measured yet, so its place in the queue (1).
+    assert response['Retry-After'] == '1'
+    assert response.json()['estimated_start_at'] is None and response.json()['estimated_finish_at'] is None
     call = HeavyCall.objects.get(pk=response.json()['id'])
     assert record_of(call)['endpoint'] == '$match' and record_of(call)['rows'] == 2
     assert record_of(call)['semantic'] is True
@@ -103,7 +105,7 @@ def test_shadow_mode_charges_and_queues_as_usual(broker, lanes_redis, tiny_sourc
     configure(per_user={'staff': 4, 'core': 3, 'early_access': 2, 'preview': 0})
     response = match(api_as(make_user()), tiny_source)
     assert response.status_code == 202 and response['X-OCL-Capacity-Decision'] == 'shadow-refused'
-    assert 'Retry-After' not in response
+    assert response['Retry-After'] == '1'  # a poll hint, not the refusal's wait (shadow refuses nothing)
     assert HeavyCall.objects.filter(refunded_at=None).count() == 1
 
 
@@ -144,3 +146,93 @@ def test_status_view(broker, lanes_redis, tiny_source, make_user, api_as):
     assert status['api_heavy']['in_flight'] == 1 and status['mode'] == 'shadow'
     assert status['queues']['es2_knn']['depth'] == 1
     assert api_as(make_user()).get('/capacity/status/').status_code == 403
+
+
+def test_polls_and_handles_say_when_a_call_should_start_and_finish_from_measured_run_times(
+        broker, lanes_redis, tiny_source, make_user, api_as, configure):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from capacity.keys import holds_key, run_field
+    configure(per_user={'staff': 9, 'core': 9, 'early_access': 9, 'preview': 9},
+              tiers={'staff': 9, 'core': 9, 'early_access': 9, 'preview': 9})  # es2_knn's pool: 3 - 1 = 2
+    lanes_redis.hset(holds_key(), run_field('es2_knn'), 4000)  # its calls run 4 s
+    client = api_as(make_user())
+    first, second, third = (match(client, tiny_source, rows=[{'name': name}, {'name': 'b'}])
+                            for name in 'xyz')
+    # Nothing runs yet: the first two start now on the two workers, the third after one of them.
+    assert (first['Retry-After'], second['Retry-After'], third['Retry-After']) == ('4', '4', '8')
+    now = timezone.now()
+    assert abs((parse(third.json()['estimated_start_at']) - now).total_seconds() - 4) < 1
+    # The first starts; 1 s later it has 3 s left, so the third starts in 3 s and ends in 7.
+    started = now - timedelta(seconds=1)
+    HeavyCall.objects.filter(pk=first.json()['id']).update(state='running', started_at=started)
+    running = client.get(f'/tasks/{first.json()["id"]}/')
+    assert running['Retry-After'] == '3' and running.json()['estimated_start_at'] is None
+    assert abs((parse(running.json()['estimated_finish_at']) - started).total_seconds() - 4) < 1
+    waiting = client.get(f'/tasks/{third.json()["id"]}/')
+    body = waiting.json()
+    assert body['position'] == 2 and waiting['Retry-After'] == '7'
+    run = parse(body['estimated_finish_at']) - parse(body['estimated_start_at'])
+    assert abs(run.total_seconds() - 4) < 0.01
+
+
+def parse(text):
+    from django.utils.dateparse import parse_datetime
+    return parse_datetime(text)
+
+
+def ratelimit_items(response, header):
+    import http_sf
+    return {name: dict(params) for name, params in http_sf.parse(response[header].encode(), tltype='list')}
+
+
+@pytest.fixture
+def rate_limit(monkeypatch):
+    """The rate limit checked afresh: an empty history, and no skip window left by an earlier test."""
+    from django.core.cache import cache
+
+    from api.throttles import HeavyRateThrottle
+    monkeypatch.setattr(HeavyRateThrottle, 'skip_until', 0.0)
+    cache.clear()
+    return HeavyRateThrottle
+
+
+def test_gated_answers_carry_the_ratelimit_fields_of_their_concurrency_lanes(
+        broker, lanes_redis, tiny_source, make_user, api_as, configure, rate_limit):
+    configure(mode='enforce', enforce_for='all')
+    client = api_as(make_user())  # preview: 1 call at once
+    admitted = match(client, tiny_source)
+    assert admitted.status_code == 202
+    policy = ratelimit_items(admitted, 'RateLimit-Policy')
+    assert policy['user'] == {'q': 1, 'qu': 'concurrent-requests'}
+    assert policy['tier'] == {'q': 2, 'qu': 'concurrent-requests', 'pk': b'preview'}
+    assert policy['es2_knn'] == {'q': 2, 'qu': 'concurrent-requests'} and 'api_heavy' in policy
+    assert policy['rate'] == {'q': 600, 'w': 60}  # HEAVY_RATE_LIMIT's default, 600/min
+    left = ratelimit_items(admitted, 'RateLimit')
+    assert left['user'] == {'r': 0} and left['es2_knn'] == {'r': 1}
+    assert left['tier'] == {'r': 1, 'pk': b'preview'}
+    refused = match(client, tiny_source, rows=[{'name': 'another'}, {'name': 'call'}])
+    assert refused.status_code == 429
+    # The full lane has nothing left until the Retry-After; the rate limit wasn't asked (no allowance spent).
+    assert ratelimit_items(refused, 'RateLimit')['user'] == {'r': 0, 't': int(refused['Retry-After'])}
+    assert 'rate' not in ratelimit_items(refused, 'RateLimit-Policy')
+
+
+def test_a_rate_limit_429_carries_the_ratelimit_fields_of_the_rate(
+        broker, lanes_redis, tiny_source, make_user, api_as, monkeypatch, rate_limit):
+    monkeypatch.setitem(rate_limit.THROTTLE_RATES, 'heavy', '2/min')
+    client = api_as(make_user('core_user'))
+    answers = [match(client, tiny_source, rows=[{'name': name}]) for name in ('p', 'q', 'r')]
+    assert [answer.status_code for answer in answers] == [202, 202, 429]
+    assert ratelimit_items(answers[0], 'RateLimit')['rate'] == {'r': 1, 't': 60}
+    limited = answers[2]
+    assert ratelimit_items(limited, 'RateLimit-Policy') == {'rate': {'q': 2, 'w': 60}}
+    window = ratelimit_items(limited, 'RateLimit')['rate']
+    assert window['r'] == 0 and 58 <= window['t'] <= 60 and int(limited['Retry-After']) >= window['t']
+
+
+def test_cors_exposes_the_ratelimit_fields():
+    exposed = {header.lower() for header in settings.CORS_EXPOSE_HEADERS}
+    assert {'ratelimit', 'ratelimit-policy', 'retry-after'} <= exposed

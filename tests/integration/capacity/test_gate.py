@@ -13,7 +13,7 @@ from capacity import decisions, gate as capacity_gate
 from capacity.admission import headers, log_record, refusal_body
 from capacity.caller import RequestFacts
 from capacity.constants import Decision, Lane
-from capacity.keys import lane_key
+from capacity.keys import holds_key, lane_key
 from capacity.store import LaneStore, get_store
 
 pytestmark = pytest.mark.usefixtures('lanes')
@@ -167,6 +167,41 @@ def test_retry_after_grows_with_the_calls_ahead_up_to_the_max(make_user, gates, 
     assert [gates(user, semantic=False, reranker=True).retry_after for _ in range(4)] == [None, 5, 10, 15]
     configure(retry_after={'base': 5, 'max': 12, 'paused': 120})
     assert gates(user, semantic=False, reranker=True).retry_after == 12
+
+
+def test_retry_after_is_the_measured_time_until_enough_leases_are_freed(make_user, gates, configure, lanes):
+    configure(mode='enforce', enforce_for='all', api_heavy={'cluster': 5, 'per_task': 10},
+              tiers={'staff': 99, 'core': 99, 'early_access': 99, 'preview': 99},
+              per_user={'staff': 99, 'core': 99, 'early_access': 99, 'preview': 99})
+    user = make_user('core_user')
+    held = [gates(user, semantic=False, reranker=True) for _ in range(4)]  # the bulk share of 5, minus 1
+    assert all(call.decision == Decision.ADMITTED for call in held)
+    # Nothing measured yet: the seed's 5 s per call ahead.
+    assert gates(user, semantic=False, reranker=True).retry_after == 5
+    # Each lease of api_heavy is held 6 s on average: 4 leases free one slot every 1.5 s, rounded up to 2.
+    lanes.hset(holds_key(), mapping={'api_heavy': 6000})
+    refused = gates(user, semantic=False, reranker=True)
+    assert refused.refused and refused.retry_after == 2
+    assert refusal_body(refused)['retry_after'] == 2 and headers(refused)['Retry-After'] == '2'
+    # A measured hold that short still waits the configured minimum; a long one at most the maximum.
+    lanes.hset(holds_key(), mapping={'api_heavy': 40})
+    assert gates(user, semantic=False, reranker=True).retry_after == 1
+    lanes.hset(holds_key(), mapping={'api_heavy': 600_000})
+    assert gates(user, semantic=False, reranker=True).retry_after == 30
+    # Turned off, the seed's formula answers again.
+    configure(retry_after={'measured': 0})
+    assert gates(user, semantic=False, reranker=True).retry_after == 5
+
+
+def test_the_gates_own_releases_are_measured(make_user, gates, lanes):
+    user = make_user('core_user')
+    call = gates(user)
+    assert call.acquired_ms > 0
+    time.sleep(0.05)
+    capacity_gate.release(call)
+    holds = get_store().holds()
+    assert set(holds) == {'api_heavy', 'es2_knn', 'tier:core', 'user'}
+    assert all(40 <= hold < 5000 for hold in holds.values()), holds
 
 
 def test_suggested_concurrency(make_user, gates, configure):

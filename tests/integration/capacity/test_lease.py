@@ -145,11 +145,11 @@ def test_a_release_that_failed_is_sent_again_once_redis_answers(lanes, settings)
     real_release = get_store().release
     calls = []
 
-    def flaky(keys, token):
+    def flaky(keys, token, **measures):
         calls.append(token)
         if len(calls) == 1:
             raise redis.ConnectionError('gone')
-        return real_release(keys, token)
+        return real_release(keys, token, **measures)
     with mock.patch.object(LaneStore, 'release', side_effect=flaky):
         lease.release()
         assert lease.error == 'ConnectionError: gone' and not get_store().is_available()

@@ -8,7 +8,9 @@ import pytest
 import redis
 
 from capacity.constants import Lane
-from capacity.keys import expired_key, lane_id, lane_key, warm_key, work_claim_key
+from capacity.keys import (
+    expired_key, hold_field, holds_key, lane_id, lane_key, run_field, warm_key, work_claim_key,
+)
 from capacity.store import LATE_ACQUIRE, Acquired, LaneStore, get_store, use_store
 
 LEASE_MS = 60_000
@@ -151,6 +153,55 @@ def test_release_removes_only_its_own_token_and_a_second_release_is_harmless(sto
     assert store.count(keys) == [1, 1, 1]
 
 
+def test_a_release_measures_how_long_each_lane_held_the_lease_by_redis_clock(store, redis_client):
+    keys = call_keys()
+    taken = store.acquire(keys, [4, 4, 4], 'call-1', LEASE_MS, force=False)
+    assert abs(taken.acquired_ms - redis_now_ms(redis_client)) < 1000  # Redis's clock, not this host's
+    # As if the lease had been taken 2 s ago: the hold is Redis's now minus the acquire's now.
+    before = redis_now_ms(redis_client)
+    assert store.release(keys, 'call-1', acquired_ms=before - 2000) == 3
+    after = redis_now_ms(redis_client)
+    holds = store.holds()
+    assert set(holds) == {'api_heavy', 'tier:preview', 'user'}  # every user's lane is one field
+    for field in holds.values():
+        assert 2000 <= field <= after - before + 2000
+    assert int(redis_client.hget(holds_key(), 'user|n')) == 1
+    # A second release removes nothing, so it measures nothing.
+    assert store.release(keys, 'call-1', acquired_ms=before - 9000) == 0
+    assert store.holds() == holds and int(redis_client.hget(holds_key(), 'user|n')) == 1
+
+
+def test_a_lanes_mean_hold_is_the_plain_mean_at_first_then_weighs_the_newest_a_fifth(store, redis_client):
+    key = lane_key(Lane.ES2_KNN)
+    means = []
+    for n, held_ms in enumerate([1000, 3000, 2000, 7000, 2000, 2000]):
+        store.acquire([key], [9], f'call-{n}', LEASE_MS, force=False)
+        now = redis_now_ms(redis_client)
+        store.release([key], f'call-{n}', acquired_ms=now - held_ms)
+        means.append(store.holds()['es2_knn'])
+    # Samples land a few ms late (the release runs after `now` was read), so allow that much.
+    expected = [1000, 2000, 2000, 3250, 3000, 2800]
+    assert all(0 <= mean - want <= 25 for mean, want in zip(means, expected)), means
+
+
+def test_a_release_without_an_acquire_time_measures_no_hold_and_a_run_is_per_queue(store, redis_client):
+    keys = call_keys()
+    store.acquire(keys, [4, 4, 4], 'call-1', LEASE_MS, force=False)
+    assert store.release(keys, 'call-1', acquired_ms=0, ran=('es2_knn', 1234)) == 3
+    assert store.holds() == {run_field('es2_knn'): 1234}
+    assert hold_field(keys[0]) == 'api_heavy'
+
+
+def test_an_acquire_that_finds_a_lane_full_reads_every_lanes_mean_hold(store, redis_client):
+    cluster, user = lane_key(Lane.API_HEAVY), lane_key(Lane.USER, 42)
+    redis_client.hset(holds_key(), mapping={'api_heavy': 2500})
+    room = store.acquire([cluster, user], [2, 2], 'call-1', LEASE_MS, force=False)
+    assert room == Acquired(True, (0, 0)) and room.holds == ()  # nothing full: nothing read
+    full = store.acquire([cluster, user], [1, 2], 'call-2', LEASE_MS, force=False)
+    assert full == Acquired(False, (1, 1))
+    assert full.holds == (2500, None)  # the user lane has no measurement yet
+
+
 def test_unclaim_removes_a_claim_only_for_its_holder_and_can_leave_a_pointer(store, redis_client):
     claim, pointer = work_claim_key('w1'), warm_key('w1')
     redis_client.set(claim, 'call-2', px=LEASE_MS)
@@ -233,7 +284,11 @@ def test_calls_that_make_no_sense_are_refused_before_they_take_anything(store, r
     assert store.count([]) == []
     # The script checks its own arguments too: a lease of 0 ms would be a lease that never counts.
     with pytest.raises(redis.ResponseError, match='lease_ms > 0'):
-        store.operate(store.run_script, 'acquire', [key, expired_key()], ['call-1', 0, '0', 2**50, 4])
-    with pytest.raises(redis.ResponseError, match='one limit per lane'):
-        store.operate(store.run_script, 'acquire', [key, expired_key()], ['call-1', LEASE_MS, '0', 2**50])
+        store.operate(store.run_script, 'acquire', [key, expired_key(), holds_key()],
+                      ['call-1', 0, '0', 2**50, 4, 'api_heavy'])
+    with pytest.raises(redis.ResponseError, match='one limit and one hold field per lane'):
+        store.operate(store.run_script, 'acquire', [key, expired_key(), holds_key()],
+                      ['call-1', LEASE_MS, '0', 2**50, 4])
+    with pytest.raises(redis.ResponseError, match='0 < weight <= 1'):
+        store.operate(store.run_script, 'release', [key, holds_key()], ['call-1', 0, 0, '', 0, 'api_heavy'])
     assert not redis_client.exists(key)

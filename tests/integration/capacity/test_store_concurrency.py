@@ -5,7 +5,7 @@ import pytest
 import redis
 
 from capacity.constants import Lane
-from capacity.keys import expired_key, lane_key
+from capacity.keys import expired_key, hold_field, holds_key, lane_key
 from capacity.store import read_script
 from tests.conftest import REDIS_URL
 
@@ -24,7 +24,7 @@ def run_script(client, script, keys, args):
 
 @pytest.mark.redis
 def test_racing_clients_never_hold_more_leases_than_the_limit(real_redis):
-    lane, counter = lane_key(Lane.API_HEAVY), expired_key()
+    lane, counter, holds = lane_key(Lane.API_HEAVY), expired_key(), holds_key()
     start = threading.Barrier(THREADS + 1)
     done = threading.Event()
     results = {'taken': 0, 'refused': 0, 'released': 0, 'counts_when_taken': set()}
@@ -42,12 +42,13 @@ def test_racing_clients_never_hold_more_leases_than_the_limit(real_redis):
             start.wait()
             for i in range(ROUNDS):
                 token = f'racer-{n}-{i}'
-                args = [token, LEASE_MS, '0', FAR_FUTURE_MS, LIMIT]
-                result = run_script(client, acquire, [lane, counter], args)
+                args = [token, LEASE_MS, '0', FAR_FUTURE_MS, LIMIT, hold_field(lane)]
+                result = run_script(client, acquire, [lane, counter, holds], args)
                 if result[0] == 1:
                     taken += 1
-                    counts.add(result[1])
-                    released += run_script(client, release, [lane], [token])
+                    counts.add(result[2])
+                    released += run_script(client, release, [lane, holds], [token, result[1], 0.2, '', 0,
+                                                                            hold_field(lane)])
                 else:
                     refused += 1
         except Exception as ex:  # noqa: BLE001 - reported by the main thread

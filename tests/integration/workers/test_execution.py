@@ -2,6 +2,7 @@
 hand-off (renew at start, retake on redelivery, release at the end), states, duplicates, and fail-open
 cases."""
 import os
+import time
 from datetime import timedelta
 from unittest import mock
 
@@ -10,6 +11,7 @@ from django.utils import timezone
 
 from capacity import gate
 from capacity.constants import Lane
+from capacity.store import get_store
 from workers import execution, lifecycle
 from workers.models import HeavyCall
 
@@ -77,6 +79,30 @@ def test_a_failing_call_is_failed_refunded_and_releases_its_leases(make_user, la
     assert call.refunded_at is not None
     assert scores(lanes, call) == [None] * len(keys(call))
     assert lines.call_args.args[0]['state'] == 'failed'
+
+
+def test_the_workers_release_measures_the_leases_hold_and_the_queues_run_time(make_user, lanes, lines):
+    call = admitted(make_user())
+
+    def perform(row):
+        time.sleep(0.2)
+        return {'ok': True}
+    execution.run(call.pk, perform=perform, node='w@h')
+    holds = get_store().holds()
+    assert 200 <= holds['run:es2_knn'] < 2000  # the run, timed by the worker
+    # Each lane held it from the API's acquire to the worker's release: at least the run.
+    assert {'api_heavy', 'es2_knn', 'user'} <= set(holds)
+    assert all(holds[field] >= holds['run:es2_knn'] for field in ('api_heavy', 'es2_knn', 'user'))
+
+
+def test_a_cancelled_run_is_not_measured_as_a_run(make_user, lanes, lines):
+    call = admitted(make_user())
+
+    def perform(row):
+        lifecycle.cancel(row)
+        return {'ok': True}
+    execution.run(call.pk, perform=perform, node='w@h')
+    assert 'run:es2_knn' not in get_store().holds()
 
 
 def test_a_cancelled_call_never_runs(make_user, lanes):

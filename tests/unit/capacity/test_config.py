@@ -8,6 +8,10 @@ from capacity.config import diff, get_defaults, merge, nest, resolve, validate
 from capacity.constants import DEFAULTS
 
 
+RETRY_AFTER_RULE = ('"retry_after" needs "base", "min" and "paused" of at least 1, and "max" of at least '
+                    '"base" and "min".')
+
+
 def errors_of(config):
     with pytest.raises(ValidationError) as caught:
         validate(config)
@@ -29,7 +33,7 @@ def test_defaults_are_the_starting_numbers():
     assert defaults['tiers'] == {'staff': 4, 'core': 4, 'early_access': 3, 'preview': 2}
     assert defaults['per_user'] == {'staff': 4, 'core': 3, 'early_access': 2, 'preview': 1}
     assert (defaults['lease_seconds'], defaults['renew_seconds'], defaults['max_hold_seconds']) == (60, 20, 900)
-    assert defaults['retry_after'] == {'base': 5, 'max': 30, 'paused': 120}
+    assert defaults['retry_after'] == {'base': 5, 'min': 1, 'max': 30, 'paused': 120, 'measured': 1}
     assert defaults['queue'] == {'deadline_seconds': 600,
                                  'max_waiting': {'interactive': 0, 'es2_knn': 0, 'api_heavy': 0}}
     assert defaults['wait'] == {'default_seconds': 600, 'max_seconds': 900}
@@ -69,11 +73,17 @@ def test_default_mode_comes_from_settings_when_it_is_a_mode(settings, mode, expe
     ({'renew_seconds': 0}, '"renew_seconds" must be at least 1 and at most a third of "lease_seconds".'),
     ({'max_hold_seconds': 30}, '"max_hold_seconds" can\'t be less than "lease_seconds".'),
     ({'retry_after': {'base': 0}},
-     '"retry_after" needs "base" and "paused" of at least 1, and "max" of at least "base".'),
+     RETRY_AFTER_RULE),
     ({'retry_after': {'paused': 0}},
-     '"retry_after" needs "base" and "paused" of at least 1, and "max" of at least "base".'),
+     RETRY_AFTER_RULE),
     ({'retry_after': {'base': 10, 'max': 5}},
-     '"retry_after" needs "base" and "paused" of at least 1, and "max" of at least "base".'),
+     RETRY_AFTER_RULE),
+    ({'retry_after': {'min': 0}},
+     RETRY_AFTER_RULE),
+    ({'retry_after': {'min': 31}},  # more than max
+     RETRY_AFTER_RULE),
+    ({'retry_after': {'measured': 2}},
+     '"retry_after.measured" must be 1 (from measured hold times) or 0 (the base alone).'),
     ({'queue': {'deadline_seconds': 59}}, '"queue.deadline_seconds" can\'t be less than "lease_seconds".'),
     ({'wait': {'max_seconds': 3601}}, '"wait.max_seconds" can\'t be more than 3600.'),
     ({'wait': {'default_seconds': 901}}, '"wait.default_seconds" can\'t be more than "wait.max_seconds".'),
@@ -87,7 +97,7 @@ def test_validate_rejects_a_bad_change_with_its_message(changes, message):
     {'reserve_single_row': 4},
     {'queue': {'deadline_seconds': 60}},
     {'wait': {'max_seconds': 3600, 'default_seconds': 3600}},
-    {'retry_after': {'base': 1, 'max': 1, 'paused': 1}},
+    {'retry_after': {'base': 1, 'min': 1, 'max': 1, 'paused': 1, 'measured': 0}},
     {'tiers': {'preview': 0}, 'per_user': {'preview': 100000}},
 ])
 def test_validate_accepts_the_edges_of_each_rule(changes):

@@ -96,6 +96,27 @@ def test_retry_after_per_call_ahead(before, full, changes, seconds):
     assert retry_after(config(**changes), LANES, before, full) == seconds
 
 
+@pytest.mark.parametrize('before, full, holds, changes, seconds', [
+    ((3, 0, 0), (A,), (2000, None, None), {}, 1),       # 3 leases of 2 s: one frees every 0.67 s -> 1 s
+    ((3, 0, 0), (A,), (6000, None, None), {}, 2),       # 6 s / 3 = 2 s exactly, not 3
+    ((5, 0, 0), (A,), (2000, None, None), {}, 2),       # 3 ahead of 5 leases of 2 s: 1.2 s -> 2 s
+    ((3, 0, 2), (A, U), (2000, None, 4000), {}, 2),     # both full: the user's own lane frees last
+    ((3, 0, 2), (A, U), (2000, None, None), {}, 5),     # one full lane unmeasured: the seed's 5 s for it
+    ((3, 0, 0), (A,), (30, None, None), {}, 1),         # never under min
+    ((3, 0, 0), (A,), (30, None, None), {'retry_after': {'min': 3}}, 3),
+    ((3, 0, 0), (A,), (900_000, None, None), {}, 30),   # never over max
+    ((3, 0, 0), (A,), (6000, None, None), {'retry_after': {'measured': 0}}, 5),  # turned off: the seed's
+    ((3, 0, 0), (A,), (), {}, 5),                       # nothing read (a lane had room): the seed's
+])
+def test_retry_after_from_measured_holds(before, full, holds, changes, seconds):
+    assert retry_after(config(**changes), LANES, before, full, holds) == seconds
+
+
+def test_a_paused_lane_keeps_the_paused_value_whatever_was_measured():
+    lanes = [LaneLimit(A, (), 3), LaneLimit(R, ('preview',), 0)]
+    assert retry_after(config(), lanes, (3, 0), (A, R), (2000, 2000)) == 120
+
+
 def test_retry_after_of_a_paused_lane_is_the_paused_value():
     lanes = [LaneLimit(A, (), 3), LaneLimit(R, ('preview',), 0)]
     assert retry_after(config(), lanes, (3, 0), (A, R)) == 120

@@ -111,6 +111,8 @@ class FakeApi:
         self.short_results = False     # a succeeded result that leaves out the last row
         self.per_token_limit = {}      # token -> open tasks allowed; beyond: 429 capacity (enforce)
         self.refuse_retry_after = 1
+        self.wire_format = True        # OCL's answers (the real server's); False: the shape of servers before it
+        self.standard_only = False     # capacity in the IETF RateLimit fields alone, no X-OCL-Capacity-*
         self.max_open = 0
         self.max_open_lane = Counter()
         self.closing = threading.Event()
@@ -176,20 +178,30 @@ class FakeApi:
                 and (token is None or task.token == token) and (lane is None or task.lane == lane)]
 
     def _result(self, task):
-        """The answer in OCL's wire format, as the real server gives it."""
+        """The answer in OCL's wire format, as the real server gives it (or, without `wire_format`, in the
+        shape of servers before it, which the client still reads)."""
         if task.endpoint == '$rerank':
             key = task.body.get('score_key') or 'search_rerank_score'
-            return [dict(row, **{key: round(1.0 / (i + 1), 4)}) for i, row in enumerate(task.body['rows'])]
+            rows = [dict(row, **{key: round(1.0 / (i + 1), 4)}) for i, row in enumerate(task.body['rows'])]
+            return rows if self.wire_format else {'q': task.body['q'], 'rows': rows, 'algorithm': 'rerank:fake'}
         rows = task.body['rows'][:-1] if self.short_results else task.body['rows']
         answer = []
         for row in rows:
             name = row['name']
             code = f'HP:{abs(hash(name)) % 10 ** 7:07d}'
+            if not self.wire_format:
+                answer.append({'row': row, 'candidates': [] if name in self.no_match else [
+                    {'code': code, 'name': name.title(), 'concept_class': 'Phenotype', 'score': 0.9,
+                     'matched': name}]})
+                continue
             results = [] if name in self.no_match else [
                 {'id': code, 'type': 'Concept', 'url': f'/orgs/HPO/sources/HPO/concepts/{code}/',
                  'display_name': name.title(), 'retired': False,
                  'search_meta': {'search_score': 0.9, 'match_type': 'very_high', 'search_normalized_score': 90.0}}]
             answer.append({'row': row, 'results': results, 'map_config': [], 'filter': {}})
+        if not self.wire_format:
+            return {'results': answer, 'source': '/orgs/HPO/sources/HPO/', 'source_version': 'v1',
+                    'algorithm': 'fake'}
         return answer
 
     def task_body(self, task):
@@ -225,6 +237,10 @@ class FakeApi:
         if suggested is None:
             return {}
         open_count = len(self.open_tasks())
+        if self.standard_only:  # the user's lane as a concurrency quota of `suggested` calls
+            mine = len(self.open_tasks(token=token))
+            return {'RateLimit-Policy': f'"user";q={suggested};qu="concurrent-requests", "rate";q=600;w=60',
+                    'RateLimit': f'"user";r={max(suggested - mine, 0)}, "rate";r=590;t=60'}
         return {'X-OCL-Capacity-Decision': decision, 'X-OCL-Capacity-Limit': '4',
                 'X-OCL-Capacity-In-Flight': str(open_count),
                 'X-OCL-Capacity-Tier': TIERS.get(token, 'preview'),
@@ -347,6 +363,10 @@ class FakeApi:
                     headers = {'Retry-After': reply.retry_after, 'X-OCL-Capacity-Decision': 'refused'}
                     if reply.suggested is not None:
                         headers['X-OCL-Capacity-Suggested-Concurrency'] = reply.suggested
+                    if api.standard_only:
+                        headers = {'Retry-After': reply.retry_after,
+                                   'RateLimit-Policy': f'"{reply.scope}";q=1;qu="concurrent-requests"',
+                                   'RateLimit': f'"{reply.scope}";r=0;t={reply.retry_after}'}
                     detail = f'Matching is busy. Please retry in {reply.retry_after} seconds.'
                     return self._send(429, {'detail': detail, 'error_code': 'capacity_exceeded',
                                             'scope': reply.scope, 'paused': reply.paused,

@@ -35,3 +35,14 @@ def test_without_capacity_headers_the_run_uses_its_own_cap(api, client, sleeps):
     make_run(client, sleeps, rows=[f'row {i}' for i in range(8)], batch_size=1, max_concurrency=3).execute()
 
     assert api.max_open == 3
+
+
+def test_with_only_the_standard_ratelimit_fields_the_run_follows_their_room(api, client, sleeps):
+    api.suggested = 2  # said as a concurrency quota of 2 in RateLimit-Policy / RateLimit alone
+    api.standard_only = True
+    api.task_seconds = 0.08
+
+    report = make_run(client, sleeps, rows=[f'row {i}' for i in range(10)], batch_size=1,
+                      max_concurrency=8).execute()
+
+    assert api.max_open == 2 and report.summary.max_in_flight == 2 and report.ok

@@ -1,5 +1,6 @@
 """Jobs: batches cover the rows, and each row ends matched, no match or failed by what its task did."""
 from heavy_lanes_client import RowStatus, Run
+from heavy_lanes_client.rows import candidate_fields as describe
 from tests.unit.client.helpers import ROWS, make_run
 
 
@@ -60,3 +61,34 @@ def test_a_rerank_run_gives_each_query_its_best_row(api, client, sleeps):
     assert [outcome.name for outcome in report.outcomes] == ['chest pain', 'fever']
     assert [outcome.top['name'] for outcome in report.outcomes] == ['angina', 'angina']
     assert sorted(post.body['q'] for post in api.posts()) == ['chest pain', 'fever']
+
+
+def test_rows_are_read_from_ocls_wire_format_a_list_with_one_entry_per_row(api, client, sleeps):
+    api.wire_format = True
+    api.no_match = {'short of breath'}
+
+    report = make_run(client, sleeps, rows=ROWS[:2], batch_size=2).execute()
+
+    assert [outcome.status for outcome in report.outcomes] == [RowStatus.MATCHED, RowStatus.NO_MATCH]
+    top = report.outcomes[0].top
+    assert top['display_name'] == ROWS[0].title() and top['search_meta']['search_score'] == 0.9
+    assert describe(top) == (top['id'], ROWS[0].title(), 0.9)
+
+
+def test_a_row_missing_from_a_wire_format_result_is_failed_not_no_match(api, client, sleeps):
+    api.wire_format = True
+    api.short_results = True
+
+    report = make_run(client, sleeps, rows=ROWS[:2], batch_size=2).execute()
+
+    assert [outcome.status for outcome in report.outcomes] == [RowStatus.MATCHED, RowStatus.FAILED]
+
+
+def test_rows_are_read_from_the_shape_of_servers_before_ocls_format(api, client, sleeps):
+    api.wire_format = False
+    api.no_match = {'short of breath'}
+
+    report = make_run(client, sleeps, rows=ROWS[:2], batch_size=2).execute()
+
+    assert [outcome.status for outcome in report.outcomes] == [RowStatus.MATCHED, RowStatus.NO_MATCH]
+    assert describe(report.outcomes[0].top) == (report.outcomes[0].top['code'], ROWS[0].title(), 0.9)
