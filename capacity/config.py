@@ -215,9 +215,15 @@ def read_current():
 
     A locked table or a slow database then costs a call at most the timeout. Inside a transaction the
     timeout would outlive this read (SET LOCAL lasts until the outer commit), so it reads without one; the
-    savepoint keeps a failed read from breaking the caller's transaction.
+    savepoint keeps a failed read from breaking the caller's transaction. Elsewhere a read outside a
+    transaction opens none: SQLite begins every transaction with the write lock (transaction_mode
+    IMMEDIATE), and this read runs under the cache lock, so it would wait for another thread's write
+    transaction while that thread waits for the cache lock (a submission's does): a deadlock until the
+    busy timeout.
     """
     bounded = connection.vendor == 'postgresql' and not connection.in_atomic_block
+    if not bounded and not connection.in_atomic_block:
+        return get_current()
     with transaction.atomic():
         if bounded:
             with connection.cursor() as cursor:

@@ -34,8 +34,12 @@ DATABASES['default']['TEST'] = {'NAME': os.path.join(os.environ['HEAVY_LANES_VAR
 if os.environ.get('HEAVY_LANES_WORKER_DB'):
     DATABASES['default']['NAME'] = os.environ['HEAVY_LANES_WORKER_DB']
 if os.environ.get('HEAVY_LANES_TEST_READ_ONLY_DB') == '1':
-    # A fault: this process's database connections refuse every write, as a full or read-only disk would.
-    DATABASES['default'].setdefault('OPTIONS', {})['init_command'] = 'PRAGMA query_only = ON'
+    # A fault: this process's database connections refuse every write, as a full or read-only disk would
+    # (SQLite), or a server that only takes reads (PostgreSQL: a hot standby, a read-only role).
+    if DATABASES['default']['ENGINE'] == 'django.db.backends.sqlite3':
+        DATABASES['default'].setdefault('OPTIONS', {})['init_command'] = 'PRAGMA query_only = ON'
+    else:
+        DATABASES['default'].setdefault('OPTIONS', {})['options'] = '-c default_transaction_read_only=on'
 
 CACHES = {'default': {'BACKEND': 'django.core.cache.backends.locmem.LocMemCache'}}
 PASSWORD_HASHERS = ['django.contrib.auth.hashers.MD5PasswordHasher']

@@ -3,7 +3,8 @@
 Celery imports this module at worker start (the app's `include`); an API process never does, so none of
 these handlers runs, or is even registered, outside a worker.
 
-- `task_revoked`: a call that won't run or was stopped — ended and its leases freed (workers.lifecycle);
+- `task_revoked`: a call that won't run or was stopped — ended and its leases freed (workers.lifecycle),
+  for a call terminated while it ran once the pool process that ran it has exited;
 - `task_failure` with TimeLimitExceeded: Celery killed the pool process running a call at its hard time
   limit — the call ends `failed` saying so and its leases are freed (lifecycle.time_out); the message is
   acknowledged by Celery (acks_on_timeout), so it is not delivered again;
@@ -15,6 +16,9 @@ these handlers runs, or is even registered, outside a worker.
 It also replaces Celery's event heartbeat with one that doesn't retry (see `Heart`).
 """
 import logging
+import os
+import threading
+import time
 
 from celery.exceptions import TimeLimitExceeded
 from celery.signals import (
@@ -23,10 +27,12 @@ from celery.signals import (
 from celery.worker import heartbeat
 
 from capacity.config import get_config
+from django.db import connection
+
 from common import request_id
 from workers import lanes, lifecycle
-from workers.models import State
-from workers.pool import PoolReconciler
+from workers.models import HeavyCall, State
+from workers.pool import PoolReconciler, fork_guard
 
 logger = logging.getLogger('heavy_lanes')
 
@@ -50,19 +56,78 @@ heartbeat.Heart = Heart
 
 @task_revoked.connect
 def end_revoked(request=None, terminated=False, expired=False, **kwargs):
-    """`expired`: the worker received it after its queue deadline. `terminated`: a cancel stopped it while
-    running (the row already says cancelled); its leases go back now that it has stopped. Otherwise it
-    was revoked before it started."""
+    """`expired`: the worker received it after its queue deadline. `terminated`: a cancel signalled the pool
+    process running it (the row already says cancelled); its leases go back once that process has exited
+    (`release_when_gone`). Otherwise it was revoked before it started."""
     call_id = getattr(request, 'id', None)
     if not call_id:
         return
     try:
         if terminated:
-            lifecycle.stopped(call_id)
+            release_when_gone(call_id)
         else:
             lifecycle.end_unstarted(call_id, State.EXPIRED if expired else State.CANCELLED)
     except Exception:  # noqa: BLE001 - never break the worker's main loop; the leases expire on their own
         logger.exception('Could not end revoked heavy call %s', call_id)
+
+
+STOP_POLL_SECONDS = 0.05
+
+
+def process_gone(pid):
+    """Whether the process `pid` has exited (a zombie not yet reaped by its parent has)."""
+    try:
+        with open(f'/proc/{pid}/stat') as stat:
+            return stat.read().rsplit(')', 1)[1].split()[0] in ('Z', 'X')
+    except FileNotFoundError:
+        return True
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+
+def release_when_gone(call_id, seconds=None):
+    """Celery sends task_revoked(terminated) as it signals the pool process, not once that process has
+    exited: the work may still run (a signal waits for a C call to return, or the process outlives it). A
+    cancel that released the leases then answered `cancelled` while the call ran on, uncounted. So the
+    call is marked stopped and its leases released (`lifecycle.stopped`) once that process is gone; if it
+    lives on, its run ends the call itself (its heartbeat stops the work). Waits on a thread, for at most
+    `seconds` (lease_seconds): the main loop must not. Returns the thread, or None when there is nothing
+    to wait for (another delivery runs the call now, or it already stopped)."""
+    call = HeavyCall.objects.filter(pk=call_id).only('state', 'worker', 'heartbeat_at').first()
+    if call is None or call.state != State.CANCELLED or call.heartbeat_at is None:
+        return None
+    node, _, pid = call.worker.rpartition(' pid ')
+    if node != (_node[0] if _node else '') or not pid.isdigit():
+        return None  # it runs on another node, which ends it
+    seconds = seconds if seconds is not None else get_config()['lease_seconds']
+    thread = threading.Thread(target=_stopped_once_gone, args=(call_id, int(pid), seconds),
+                              name=f'heavy-lanes-stop-{call_id[:8]}', daemon=True)
+    thread.start()
+    return thread
+
+
+def _stopped_once_gone(call_id, pid, seconds):
+    deadline = time.monotonic() + seconds
+    try:
+        looks = 0
+        while not process_gone(pid):
+            looks += 1
+            if time.monotonic() >= deadline or (looks % 20 == 0 and not HeavyCall.objects.filter(
+                    pk=call_id, heartbeat_at__isnull=False).exists()):
+                return  # its run ended it, or will: its heartbeat stops the work
+            time.sleep(STOP_POLL_SECONDS)
+        with fork_guard:  # database and Redis clients: not while the pool forks a new process
+            lifecycle.stopped(call_id)
+    except Exception:  # noqa: BLE001 - the leases expire on their own
+        logger.exception('Could not end terminated heavy call %s', call_id)
+    finally:
+        connection.close()
 
 
 _bound = []  # the request id bound by task_prerun in this pool process (one task at a time)

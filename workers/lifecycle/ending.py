@@ -87,15 +87,15 @@ def taken_over(call, worker):
 
 
 def stopped(call_id, lease=None):
-    """A cancelled call's work has stopped (its process was terminated, or its worker stopped it): release
-    its leases (`lease`, the worker's, or the admission's), mark that no worker runs it, and log it."""
-    call = HeavyCall.objects.filter(pk=call_id).first()
-    if call is None or call.state != State.CANCELLED:
+    """A cancelled call's work has stopped (the process that ran it is gone, or its run stopped it): mark
+    that no worker runs it, release its leases (`lease`, the worker's, or the admission's) and log it, once:
+    the worker's main process and the run itself may both say so. False when it wasn't still running."""
+    if not HeavyCall.objects.filter(pk=call_id, state=State.CANCELLED, heartbeat_at__isnull=False).update(
+            heartbeat_at=None):
         return False
+    call = HeavyCall.objects.filter(pk=call_id).first()
     lease = lease or admission_of(call).lease()
     lease.release()
-    HeavyCall.objects.filter(pk=call_id, state=State.CANCELLED).update(heartbeat_at=None)
-    call.heartbeat_at = None
     ended(call, lease, count=False)  # counted when it was cancelled
     return True
 

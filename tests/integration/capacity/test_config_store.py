@@ -143,3 +143,42 @@ def test_a_failed_read_is_cached_so_an_outage_costs_one_read_per_interval(settin
     for _ in range(5):
         assert get_config() == get_defaults()
     assert len(attempts) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_config_read_never_waits_for_another_connections_write_transaction(make_user):
+    """The config is read under the process's cache lock. A read that waited for another thread's write
+    transaction (SQLite's BEGIN IMMEDIATE takes the write lock) deadlocked with a thread whose transaction
+    needs the config, as a submission's does: every thread of the process then stood still for the
+    database's busy timeout (20 s), and other processes' writes failed with "database is locked"."""
+    import threading
+    import time
+
+    from django.db import connection, transaction
+
+    save_config({'es2_knn': 7})
+    user = make_user()
+    written, done = threading.Event(), threading.Event()
+
+    def writer():
+        try:
+            with transaction.atomic():
+                user.first_name = 'writing'
+                user.save()
+                written.set()
+                done.wait(30)
+        finally:
+            connection.close()
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        assert written.wait(10)
+        clear_cache()
+        started = time.monotonic()
+        config = get_config()
+        took = time.monotonic() - started
+    finally:
+        done.set()
+        thread.join(30)
+    assert config['es2_knn'] == 7  # read from the database, not the fallback
+    assert took < 2

@@ -13,6 +13,8 @@ from django.db import connection
 
 from devstack.processes import Child, free_port
 from tests.integration.workers.conftest import ROOT, wait_until
+from workers import messages
+from workers.lanes import QUEUE_NAMES
 
 
 class FaultStack:
@@ -24,6 +26,8 @@ class FaultStack:
         self.lanes_url = f'redis://127.0.0.1:{redis_server.port}/0'
         self.broker_url = f'redis://127.0.0.1:{redis_server.port}/1'
         self.apis = []
+        self.children = []  # other processes of the stack's own (beat)
+        self.common = {}  # settings (environment variables) for every process started from now on
         self.env = {
             **os.environ, 'DJANGO_SETTINGS_MODULE': 'tests.settings',
             'HEAVY_LANES_WORKER_DB': str(connection.settings_dict['NAME']),
@@ -41,7 +45,7 @@ class FaultStack:
             '--bind', f'127.0.0.1:{port}', '--workers', '1', '--threads', str(threads)],
             self.tmp_path / f'gunicorn-{host}.log', cwd=ROOT).start(
             {**self.env, 'CAPACITY_TASK_ID': host, 'API_THREADS': str(threads),
-             **{k: str(v) for k, v in env.items()}})
+             **{k: str(v) for k, v in {**self.common, **env}.items()}})
         self.apis.append(child)
         url = f'http://127.0.0.1:{port}'
 
@@ -55,16 +59,42 @@ class FaultStack:
 
     def worker(self, name='lanes', queues=('interactive', 'es2_knn', 'api_heavy'), concurrency=1, **env):
         return self.start_worker(name=name, queues=queues, concurrency=concurrency,
-                                 REDIS_URL=self.lanes_url, CELERY_BROKER_URL=self.broker_url, **env)
+                                 REDIS_URL=self.lanes_url, CELERY_BROKER_URL=self.broker_url,
+                                 **{**self.common, **env})
+
+    def maintenance(self, sweep_seconds=1, grace_seconds=2):
+        """Celery beat and the maintenance worker it sends the sweep to, as `make run` starts them, with a
+        sweep every `sweep_seconds` that sends again a queued call without a message after `grace_seconds`."""
+        timing = {'WORKERS_SWEEP_SECONDS': sweep_seconds, 'WORKERS_SWEEP_GRACE_SECONDS': grace_seconds}
+        worker = self.worker(name='maintenance', queues=('maintenance',), **timing)
+        log_path = self.tmp_path / 'beat.log'
+        beat = Child('beat', [sys.executable, '-m', 'celery', '-A', 'workers', 'beat', '-l', 'INFO',
+                              '--schedule', str(self.tmp_path / 'celerybeat-schedule')], log_path, cwd=ROOT)
+        env = {k: str(v) for k, v in {**self.common, **timing}.items()}
+        self.children.append(beat.start({**self.env, **env}))
+        wait_until(lambda: 'Sending due task sweep' in beat.output(), timeout=30, interval=0.2,
+                   message=f'beat to send the sweep:\n{beat.output()[-2000:]}')
+        return worker
 
     def stop(self):
-        for child in self.apis:
+        for child in [*self.apis, *self.children]:
             child.kill()
 
     # --- looking at it
 
     def lanes(self):
         return redis.Redis.from_url(self.lanes_url, socket_timeout=5)
+
+    def broker(self):
+        return redis.Redis.from_url(self.broker_url, socket_timeout=5)
+
+    def messages(self, queues=QUEUE_NAMES):
+        """The call ids with a message on this stack's broker (waiting, or taken and not acknowledged)."""
+        client = self.broker()
+        try:
+            return messages.present(queues, client)
+        finally:
+            client.close()
 
     def leases(self):
         """Unexpired leases in every lane of this test's prefix."""
@@ -75,6 +105,19 @@ class FaultStack:
             pattern = '{' + self.key_prefix + '}:*'
             return sum(client.zcount(key, f'({now_ms}', '+inf') for key in client.scan_iter(match=pattern, count=1000)
                        if client.type(key) == b'zset')
+        finally:
+            client.close()
+
+    def lease_members(self):
+        """Every lease in every lane of this test's prefix, expired or not, and the count of leases the
+        acquire script found expired without a release (`stats:expired`)."""
+        client = self.lanes()
+        try:
+            pattern = '{' + self.key_prefix + '}:*'
+            members = {key.decode(): client.zrange(key, 0, -1, withscores=True)
+                       for key in client.scan_iter(match=pattern, count=1000) if client.type(key) == b'zset'}
+            expired = int(client.get('{' + self.key_prefix + '}:stats:expired') or 0)
+            return {key: value for key, value in members.items() if value}, expired
         finally:
             client.close()
 
