@@ -77,6 +77,29 @@ class Acquired:
     holds: tuple[int | None, ...] = field(default=(), compare=False)
 
 
+class Sending:
+    """Which comes first for an operation the Redis thread connects for: its sending, or its caller giving up
+    at the deadline. After `abandon()`, `send()` is False; after `send()`, `abandon()` changes nothing."""
+
+    __slots__ = ('lock', 'sent', 'abandoned')
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.sent = self.abandoned = False
+
+    def send(self):
+        with self.lock:
+            if self.abandoned:
+                return False
+            self.sent = True
+            return True
+
+    def abandon(self):
+        with self.lock:
+            if not self.sent:
+                self.abandoned = True
+
+
 class LaneStore:
     """The lanes in Redis, for one process: one client, one Redis thread, one skip window."""
 
@@ -166,7 +189,18 @@ class LaneStore:
             self._discard(client)
             client = None
         if client is None:
-            value, client = self.call(self._connect_and_run, op, args)
+            sending = Sending()
+            started = time.monotonic()
+            try:
+                value, client = self.call(self._connect_and_run, op, args, sending)
+            except redis.RedisError as ex:
+                sending.abandon()  # a connection made after this never sends the operation
+                deadline = settings.CAPACITY_REDIS_DEADLINE_SECONDS
+                if time.monotonic() - started < deadline - 0.02 or str(ex).startswith('no answer from Redis'):
+                    raise
+                # Connecting met a socket timeout equal to the deadline (the handshake, a Sentinel's
+                # answer): to the caller it is the deadline, whichever of the two came first.
+                raise redis.TimeoutError(f'no answer from Redis within {deadline} s') from ex
             if client is not None:
                 self._ready.append(client)
             return value
@@ -187,29 +221,45 @@ class LaneStore:
         self._ready.append(client)
         return value
 
-    def _connect_and_run(self, op, args):
-        """On the Redis thread: `op` over a new established connection, returned with the value for the
-        caller to keep; over the shared pool when MAX_READY are open."""
+    def _connect_and_run(self, op, args, sending):
+        """On the Redis thread: connect, then `op` over the new connection, returned with the value for the
+        caller to keep (closed instead when MAX_READY are open). Nothing is sent when the caller gave up
+        while this connected: an operation sent later than that could land after the release the caller's
+        side sends for it (capacity.releases), and take leases nobody gives back."""
         with self._lock:
             opening = self._opened < MAX_READY
             if opening:
                 self._opened += 1
-        if not opening:
-            return op(self.client, *args), None
         try:
             client = redis.Redis(connection_pool=self.client.connection_pool, single_connection_client=True)
         except BaseException:
-            with self._lock:
-                self._opened -= 1
+            if opening:
+                with self._lock:
+                    self._opened -= 1
             raise
+        keep = self._ready.append if opening else self._close
+        if not sending.send():
+            keep(client)  # sound, and idle
+            raise redis.TimeoutError('the caller stopped waiting before the connection was made')
         try:
-            return op(client, *args), client
+            value = op(client, *args)
         except redis.ResponseError:
-            self._ready.append(client)  # Redis answered: the connection is sound
+            keep(client)  # Redis answered: the connection is sound
             raise
         except BaseException:
-            self._discard(client)
+            self._discard(client) if opening else self._close(client)
             raise
+        if opening:
+            return value, client
+        self._close(client)
+        return value, None
+
+    @staticmethod
+    def _close(client):
+        try:
+            client.close()
+        except Exception:  # noqa: BLE001 - closing
+            pass
 
     @staticmethod
     def _sound(client):
