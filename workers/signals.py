@@ -10,8 +10,9 @@ these handlers runs, or is even registered, outside a worker.
   acknowledged by Celery (acks_on_timeout), so it is not delivered again;
 - `task_prerun`, `task_postrun`: bind the call's request id (a header of its message) while it runs, in the
   pool process, so every log line of it carries the id (common.jsonlog);
-- `celeryd_after_setup`, `worker_ready`, `worker_shutdown`: don't consume a paused queue at start, and
-  start and stop the node's pool reconciler (workers.pool).
+- `celeryd_after_setup`, `worker_ready`, `worker_shutdown`: don't consume a paused queue at start, load the
+  match indexes before the pool forks (concepts.services.warm), and start and stop the node's pool
+  reconciler (workers.pool).
 
 It also replaces Celery's event heartbeat with one that doesn't retry (see `Heart`).
 """
@@ -176,6 +177,23 @@ def skip_paused_queues(sender=None, instance=None, **kwargs):
         if lanes.get_queue(name).pool_size(config) == 0:
             queues.deselect(name)
             logger.info('Queue %s is paused: %s starts without consuming it', name, sender)
+
+
+@celeryd_after_setup.connect
+def warm_indexes(sender=None, **kwargs):
+    """Load the match indexes in the main process, before the pool forks, so no call pays for them.
+    A failure here costs only the warm start: the calls load what they need, as without it."""
+    if not _served:
+        return
+    from concepts import services
+    started = time.monotonic()
+    try:
+        parts = services.warm(semantic=any(lanes.get_queue(name).semantic is not False for name in _served),
+                              lexical=any(lanes.get_queue(name).semantic is not True for name in _served))
+    except Exception as ex:  # noqa: BLE001 - the worker starts cold rather than not at all
+        logger.warning('%s starts without its match indexes loaded: %s', sender, ex)
+        return
+    logger.info('%s loaded %d match index parts in %.2f s', sender, parts, time.monotonic() - started)
 
 
 @worker_ready.connect
