@@ -1,8 +1,11 @@
-"""The `Prefer` request header (RFC 7240): `respond-async` (answer with a handle) or `wait=N` (seconds).
+"""The `Prefer` request header (RFC 7240): `respond-async` (answer with a handle) and `wait=N` (seconds).
 
 Without `respond-async` a heavy call waits in the request for its result, up to `wait=N` or the configured
-default wait, capped by `wait.max_seconds`. Preferences the server doesn't know are ignored, as the RFC
-asks; a malformed `wait` is ignored too (the default applies).
+default wait, capped by `wait.max_seconds`. `respond-async` alone answers a handle at once; with `wait=N`
+beside it (the RFC's own example, section 4.1) the request waits up to N seconds and answers the result if
+the call ended by then, else the handle: a client that would poll gets a quick call's answer in one
+request. Preferences the server doesn't know are ignored, as the RFC asks; a malformed `wait` is ignored
+too (the default applies).
 """
 from dataclasses import dataclass
 
@@ -15,18 +18,17 @@ class Preferences:
     wait: int | None = None  # the seconds asked for with wait=N
 
     def seconds(self, default, maximum):
-        """How long to wait in the request: 0 for respond-async, else wait=N or `default`, at most `maximum`."""
-        if self.respond_async:
+        """How long to wait in the request: wait=N, else `default` (0 for respond-async), at most `maximum`."""
+        if self.respond_async and self.wait is None:
             return 0
         return max(0, min(self.wait if self.wait is not None else default, maximum))
 
     def applied(self, waited):
         """The Preference-Applied value for an answer that waited `waited` seconds (or answered a handle)."""
-        if self.respond_async:
-            return 'respond-async'
+        applied = ['respond-async'] if self.respond_async else []
         if self.wait is not None and waited:
-            return f'wait={waited}'
-        return None
+            applied.append(f'wait={waited}')
+        return ', '.join(applied) or None
 
 
 def parse(header):

@@ -233,15 +233,15 @@ class HeavyCallView(APIView):
 
     def answer(self, call, wait, preferences, facts):
         """What the in-request endpoint would have answered, once the call ended within `wait` seconds; a
-        handle (202) for a client that asked for one, when the wait ran out, or when this host can't hold
-        another waiting request."""
+        handle (202) for a client that asked for one at once (`respond-async` without `wait=N`), when the
+        wait ran out, or when this host can't hold another waiting request."""
         waited = 0
         if wait and not call.finished:
             with submission.waiting_slot(self.request.user, wait, facts) as allowed:
                 if allowed:
                     lifecycle.wait(call, wait)
                     waited = wait
-        if call.finished and not preferences.respond_async:
+        if call.finished and (wait or not preferences.respond_async):  # respond-async alone: the handle
             code, body = lifecycle.answer(call)
             response = with_count(Response(body, status=code, headers={'Content-Location': task_url(call.pk)}))
             applied = preferences.applied(waited or wait)

@@ -3,6 +3,7 @@ broker, and the order of the capacity gate, rate limits and metering."""
 import contextlib
 import json
 import threading
+import time
 
 import pytest
 
@@ -200,6 +201,25 @@ def test_prefer_wait_answers_200_with_the_result_when_it_finishes_in_time(
     task = client.get(response['Content-Location']).json()
     assert task['state'] == 'succeeded' and task['result'] == response.json()
     assert lanes_redis.zcard(lane_key(Lane.API_HEAVY_TASK, 'test-host')) == 0
+
+
+@pytest.mark.slow
+def test_respond_async_with_wait_answers_the_result_of_a_call_that_ends_in_time(
+        in_process_worker, tiny_source, make_user, api_as, lanes_redis):
+    client = api_as(make_user())
+    response = match(client, tiny_source, HTTP_PREFER='respond-async, wait=20')
+    assert response.status_code == 200, response.content
+    assert response['Preference-Applied'] == 'respond-async, wait=20'
+    task = client.get(response['Content-Location']).json()
+    assert task['state'] == 'succeeded' and task['result'] == response.json()
+
+
+def test_respond_async_with_wait_answers_the_handle_when_the_wait_runs_out(
+        broker, lanes_redis, tiny_source, make_user, api_as):
+    started = time.monotonic()
+    handle = match(api_as(make_user()), tiny_source, HTTP_PREFER='respond-async, wait=1')  # no worker runs
+    assert handle.status_code == 202 and handle['Preference-Applied'] == 'respond-async'
+    assert 0.9 < time.monotonic() - started < 5
 
 
 @pytest.mark.slow
