@@ -108,19 +108,32 @@ class Client:
 
     # --- heavy calls ---------------------------------------------------------------------------------
 
-    def submit(self, endpoint, body, *, params=None, idempotency_key=None, metadata=None):
-        """POST one heavy call; a Handle on 202 (or 200), a ClientError otherwise. One attempt."""
+    def submit(self, endpoint, body, *, params=None, idempotency_key=None, metadata=None, wait=0):
+        """POST one heavy call; a Handle on 202 (or 200), a ClientError otherwise. One attempt.
+
+        With `wait` > 0 (`Prefer: respond-async, wait=N`) the server may hold the answer up to that many
+        seconds: a call that ended by then comes back finished (`Handle.immediate`, also when it failed),
+        saving the polls a quick call would otherwise take."""
         key = idempotency_key or uuid.uuid4().hex
-        headers = {'Idempotency-Key': key, 'Prefer': 'respond-async',
+        wait = int(wait or 0)
+        headers = {'Idempotency-Key': key, 'Prefer': f'respond-async, wait={wait}' if wait > 0 else 'respond-async',
                    'X-OCL-Event-Metadata': self.metadata_header(metadata)}
         path = 'concepts/$match/' if endpoint == MATCH else 'concepts/$rerank/'
-        response = self.request('POST', path, params=params or None, json=body, headers=headers)
+        response = self.request('POST', path, params=params or None, json=body, headers=headers,
+                                read_timeout=self.timeout[1] + wait if wait > 0 else None)
+        location = response.headers.get('Content-Location')
+        if response.status_code not in (200, 202) and wait > 0 and location:
+            # The call ended within the wait, not in success: the in-request endpoint's error, and its task.
+            task = self.get_task(location.rstrip('/').rsplit('/', 1)[-1])
+            return Handle(id=task.id, url=location, endpoint=endpoint, lane=task.lane, state=task.state,
+                          idempotency_key=key, capacity=Capacity.from_headers(response.headers),
+                          created_at=task.created_at, immediate=task)
         if response.status_code not in (200, 202):
             raise error_for(response)
         return self._handle(endpoint, response, key)
 
     def submit_match(self, rows, source, *, semantic=True, reranker=False, limit=5, idempotency_key=None,
-                     metadata=None):
+                     metadata=None, wait=0):
         """POST /concepts/$match/ for `rows` (strings or {"name": ...} dicts) against `source`.
 
         Lexical without reranker is not a heavy call: the server answers 200 with the result, returned as
@@ -132,12 +145,13 @@ class Client:
         if reranker:
             params['reranker'] = 'true'
         body = {'rows': as_rows(rows), 'target_repo_url': source}
-        return self.submit(MATCH, body, params=params, idempotency_key=idempotency_key, metadata=metadata)
+        return self.submit(MATCH, body, params=params, idempotency_key=idempotency_key, metadata=metadata,
+                           wait=wait)
 
-    def submit_rerank(self, q, rows, *, idempotency_key=None, metadata=None):
+    def submit_rerank(self, q, rows, *, idempotency_key=None, metadata=None, wait=0):
         """POST /concepts/$rerank/: score candidate `rows` (strings or dicts with "name") against `q`."""
         body = {'q': q, 'rows': as_rows(rows), 'name_key': 'name'}  # OCL's default name_key is display_name
-        return self.submit(RERANK, body, idempotency_key=idempotency_key, metadata=metadata)
+        return self.submit(RERANK, body, idempotency_key=idempotency_key, metadata=metadata, wait=wait)
 
     def _handle(self, endpoint, response, key):
         body = json_or_none(response)

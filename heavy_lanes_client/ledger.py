@@ -101,11 +101,13 @@ class Ledger:
                 self.lanes_max[handle.lane] = max(self.lanes_max[handle.lane], self.lanes_now[handle.lane])
             return True
 
-    def resolve(self, call, outcome, reason=None, latency=None):
+    def resolve(self, call, outcome, reason=None, latency=None, task_id=None):
+        """Record the call's one outcome (`task_id`: of a call answered finished by its submission)."""
         with self._lock:
             if call.outcome is not None:
                 return False
             call.outcome, call.reason, call.latency = outcome, reason, latency
+            call.task_id = call.task_id or task_id
             if call.handle is not None and call.lane:
                 self.lanes_now[call.lane] -= 1
             return True

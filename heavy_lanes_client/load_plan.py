@@ -110,6 +110,7 @@ class LoadPlan:
     max_backoff: float = 30.0          # cap on a user's wait after a 429
     think_seconds: float = 0.2         # a user's pause between calls: U(0, think_seconds)
     long_poll: int = 10
+    submit_wait: bool = True           # the POST itself waits up to long_poll (Prefer: respond-async, wait=N)
     http_timeout: float = 15.0         # read timeout of one request (a long poll adds its wait)
     seed: int | None = None
 

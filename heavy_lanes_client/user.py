@@ -64,10 +64,17 @@ class User:
         count = self._rows(kind)
         names = rng.sample(PHRASES, min(count, len(PHRASES)))
         names += [rng.choice(PHRASES) for _ in range(count - len(names))]
+        wait = self._first_wait()
         if kind == 'rerank':
-            return client.submit_rerank(rng.choice(PHRASES), names, idempotency_key=key)
+            return client.submit_rerank(rng.choice(PHRASES), names, idempotency_key=key, wait=wait)
         return client.submit_match(names, self.source, semantic=kind in ('single', 'bulk'),
-                                   reranker=kind == 'bulk-rerank', limit=5, idempotency_key=key)
+                                   reranker=kind == 'bulk-rerank', limit=5, idempotency_key=key, wait=wait)
+
+    def _first_wait(self):
+        """How long the submission itself may wait for the result (the first long-poll, in the POST)."""
+        if not (self.plan.submit_wait and self.plan.long_poll):
+            return 0
+        return int(max(0, min(self.plan.long_poll, self.drain_until - self.clock())))
 
     def _call(self, client, kind, rng):
         """Make one call and see it to its end; returns the pause before the next one (None: stop)."""
@@ -98,7 +105,8 @@ class User:
                 return None if isinstance(ex, errors.AuthError) else 1.0
         self.ledger.answered(call, 202 if handle.immediate is None else 200, handle.capacity)
         if handle.immediate is not None:
-            self.ledger.resolve(call, outcome_of(handle.immediate.state), latency=self.clock() - call.started)
+            self.ledger.resolve(call, outcome_of(handle.immediate.state), handle.immediate.error,
+                                latency=self.clock() - call.started, task_id=handle.id)
             return 0.0
         if not self.ledger.admit(call, handle):
             cancel(client, self.ledger, call, handle, self.clock)

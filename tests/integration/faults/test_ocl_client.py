@@ -114,3 +114,22 @@ def test_an_aware_client_gets_a_429_when_full_and_a_polling_client_polls_to_the_
     waited, _ = client.match(tiny_source, semantic='true', limit='3')  # not aware: waits, the lane is free
     assert task['result'] == waited
     assert stack.leases() == 0
+
+
+def test_the_python_client_gets_a_quick_calls_answer_in_its_submission_and_a_handle_when_the_wait_runs_out(
+        stack, configure, tiny_source, make_user):
+    from heavy_lanes_client.client import Client
+    from heavy_lanes_client.models import State
+
+    url = stack.api('api-a', threads=8)
+    client = Client(url, make_user().auth_token.key)
+    # No worker: the wait runs out and the submission answers the handle.
+    handle = client.submit_match(['heart attack'], tiny_source, wait=1)
+    assert handle.immediate is None and handle.id
+    stack.worker(name='lanes', queues=('interactive', 'es2_knn', 'api_heavy'))
+    assert client.wait(handle).state == State.SUCCEEDED
+    quick = client.submit_match(['head ache', 'sugar diabetes'], tiny_source, wait=30)
+    assert quick.immediate is not None and quick.immediate.state == State.SUCCEEDED
+    assert [entry['row']['name'] for entry in quick.immediate.result] == ['head ache', 'sugar diabetes']
+    assert quick.id and client.get_task(quick.id).state == State.SUCCEEDED
+    assert stack.leases() == 0

@@ -47,6 +47,13 @@ class Error:
 
 
 @dataclass
+class EndedFailed:
+    """Take the call, which fails within the submission's wait: the in-request 400, and Content-Location."""
+
+    error: str = 'rows[0].name: a bad row'
+
+
+@dataclass
 class Invalid:
     fields: dict = field(default_factory=lambda: {'target_repo_url': ['Unknown source.']})
 
@@ -346,8 +353,10 @@ class FakeApi:
                     limit = api.per_token_limit.get(token)
                     if isinstance(reply, Accept) and limit is not None and seen.open_before >= limit:
                         reply = Refuse(retry_after=api.refuse_retry_after, scope='user')
-                    if isinstance(reply, Accept) or (isinstance(reply, Drop) and reply.admit):
+                    if isinstance(reply, (Accept, EndedFailed)) or (isinstance(reply, Drop) and reply.admit):
                         task = api._create(token, key, endpoint, seen.body, semantic)
+                        if isinstance(reply, EndedFailed):
+                            task.state, task.error = 'failed', reply.error
                         headers = api.capacity_headers(token)
                         api.cond.notify_all()
                 if isinstance(reply, Accept):
@@ -380,6 +389,10 @@ class FakeApi:
                     seen.answer = reply.status
                     return self._send(reply.status, {'detail': 'The work queue is unavailable.',
                                                      'error_code': reply.code})
+                if isinstance(reply, EndedFailed):
+                    seen.answer = 400
+                    return self._send(400, {'detail': reply.error, 'error_code': 'invalid'},
+                                      {'Content-Location': f'/tasks/{task.id}/'})
                 if isinstance(reply, Invalid):
                     seen.answer = 400
                     return self._send(400, {'detail': reply.fields, 'error_code': 'invalid'})

@@ -14,7 +14,7 @@ from heavy_lanes_client import (
     TaskNotFound,
     TransportError,
 )
-from tests.unit.client.fake_api import Error, Invalid, RateLimit, Refuse
+from tests.unit.client.fake_api import EndedFailed, Error, Invalid, RateLimit, Refuse
 
 SOURCE = '/orgs/HPO/sources/HPO/'
 
@@ -147,3 +147,17 @@ def test_a_lexical_match_is_answered_in_the_request_and_needs_no_polling(monkeyp
     assert handle.immediate is not None and not handle.pollable
     assert client.wait(handle).result == {'results': [{'row': {'name': 'a'}, 'candidates': []}]}
     assert api.requests() == []  # nothing was polled
+
+
+def test_a_submission_that_may_wait_asks_for_it_and_reads_a_call_that_failed_in_time_as_ended(api, client):
+    api.script.append(EndedFailed())
+    handle = client.submit_match(['chest pain'], SOURCE, wait=7)
+    (post,) = api.posts()
+    assert post.headers['prefer'] == 'respond-async, wait=7'
+    assert handle.immediate is not None and handle.immediate.state == State.FAILED
+    assert handle.immediate.error == 'rows[0].name: a bad row' and client.wait(handle) is handle.immediate
+    with pytest.raises(InvalidRequest):  # without a task behind it, a 400 is the request's own fault
+        api.script.append(Invalid())
+        client.submit_match(['chest pain'], SOURCE, wait=7)
+    client.submit_match(['chest pain'], SOURCE)
+    assert api.posts()[-1].headers['prefer'] == 'respond-async'
