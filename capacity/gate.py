@@ -40,36 +40,25 @@ def admit(user, endpoint='', rows=0, semantic=False, reranker=False, waits=False
     if config['mode'] == OFF:
         return Admission(decision=None, token=token, mode=OFF, facts=facts)
     store = store or get_store()
-    host = settings.CAPACITY_TASK_ID
-    call = decisions.Call(
-        endpoint=endpoint, rows=rows, tier=None, user_id=getattr(user, 'pk', None), semantic=bool(semantic),
-        reranker=bool(reranker), waits=bool(waits), host=host, queue=queue, draws_on=draws_on,
-        wait_slot=wait_slot)
-    # The Admission a failure below reports: what was known when it happened.
-    admission = Admission(decision=Decision.UNAVAILABLE, token=token, call=call, mode=config['mode'],
-                          facts=facts)
+    # This runs on every heavy call's way (bench/admission.py): each object is built once on the admitted
+    # path, and what a failure reports is built only when one happens, from what was known by then.
+    call = lanes = keys = acquired = None
+    enforced = False
     try:
-        # Built once on the admitted path: this function is on every heavy call's way (bench/admission.py).
         call = decisions.Call(
-            endpoint=endpoint, rows=rows, tier=get_tier(user), user_id=call.user_id, semantic=call.semantic,
-            reranker=call.reranker, waits=call.waits, host=host, queue=queue, draws_on=draws_on,
-            wait_slot=wait_slot)
+            endpoint=endpoint, rows=rows, tier=get_tier(user), user_id=getattr(user, 'pk', None),
+            semantic=bool(semantic), reranker=bool(reranker), waits=bool(waits), host=settings.CAPACITY_TASK_ID,
+            queue=queue, draws_on=draws_on, wait_slot=wait_slot)
         enforced = wait_slot or decisions.is_enforced(config, facts.aware)
         lanes = decisions.lanes_for(config, call, enforced=enforced)
         keys = [lane_key(item.lane, *item.parts) for item in lanes]
-        limits = [item.limit for item in lanes]
         if lease_ms is None:
-            seconds = config['queue']['deadline_seconds'] if queue else config['lease_seconds']
-            lease_ms = seconds * 1000
-        uncounted = Admission(  # what a failure from here on reports
-            decision=Decision.UNAVAILABLE, token=token, call=call, mode=config['mode'], enforced=enforced,
-            lanes=tuple(LaneState(item.lane, key, item.limit) for item, key in zip(lanes, keys)),
-            lease_ms=lease_ms, facts=facts)
+            lease_ms = (config['queue']['deadline_seconds'] if queue else config['lease_seconds']) * 1000
         if not store.is_available():
-            return with_suggested(uncounted.with_error(failopen.SKIPPED))
-        admission = uncounted
+            return with_suggested(_uncounted(token, call, config, enforced, lanes, keys, lease_ms, facts,
+                                             failopen.SKIPPED))
         try:
-            acquired = store.acquire(keys, limits, token, lease_ms, force=not enforced)
+            acquired = store.acquire(keys, [item.limit for item in lanes], token, lease_ms, force=not enforced)
         except UNKNOWN_OUTCOME:
             # No answer is not "nothing taken": Redis may run it from its input buffer after we gave up.
             # The release sent once Redis answers again lands after it and undoes it.
@@ -87,20 +76,33 @@ def admit(user, endpoint='', rows=0, semantic=False, reranker=False, waits=False
                 {state.lane: state.limit for state in counted}, {state.lane: state.count for state in counted})
         except Exception as ex:  # noqa: BLE001 - a header must never fail the call
             error = failopen.record(None, ex, 'suggested concurrency')
-        admission = Admission(
+        return Admission(
             decision=decision, token=token, call=call, mode=config['mode'], enforced=enforced, lanes=counted,
             full=full, holding=acquired.taken, lease_ms=lease_ms,
             acquired_ms=acquired.acquired_ms if acquired.taken else 0, facts=facts, retry_after=retry,
-            suggested=suggested)
-        return admission.with_error(error) if error else admission
+            suggested=suggested, error=error)
     except Exception as ex:  # noqa: BLE001 - the one place admission fails open
         error = failopen.record(None, ex, 'acquire', store)
-        if admission.holding and admission.decision not in (None, Decision.UNAVAILABLE):
-            return with_suggested(admission.with_error(error))
-        # Never refuse on the limiter's own failure: a call that holds leases keeps them (they are released
-        # like any other), one that doesn't goes ahead uncounted.
-        return with_suggested(_replace(admission, decision=Decision.UNAVAILABLE, retry_after=None,
-                                       error=error))
+        if call is None:
+            call = decisions.Call(
+                endpoint=endpoint, rows=rows, tier=None, user_id=getattr(user, 'pk', None),
+                semantic=bool(semantic), reranker=bool(reranker), waits=bool(waits),
+                host=settings.CAPACITY_TASK_ID, queue=queue, draws_on=draws_on, wait_slot=wait_slot)
+        # Never refuse on the limiter's own failure: the call goes ahead uncounted. Leases it took before
+        # the failure stay in its admission, so they are released like any other call's.
+        return with_suggested(_uncounted(token, call, config, enforced, lanes, keys, lease_ms, facts, error,
+                                         acquired))
+
+
+def _uncounted(token, call, config, enforced, lanes, keys, lease_ms, facts, error, acquired=None):
+    """The `unavailable` Admission of a call the limiter skipped or failed on; `acquired`: what an acquire
+    that did answer took (a failure after it)."""
+    holding = bool(acquired is not None and acquired.taken)
+    return Admission(
+        decision=Decision.UNAVAILABLE, token=token, call=call, mode=config['mode'], enforced=enforced,
+        lanes=tuple(LaneState(item.lane, key, item.limit) for item, key in zip(lanes or (), keys or ())),
+        holding=holding, lease_ms=lease_ms or 0, acquired_ms=acquired.acquired_ms if holding else 0,
+        facts=facts, error=error)
 
 
 def unadmitted(user, decision, endpoint='', rows=0, semantic=False, reranker=False, waits=False, queue='',

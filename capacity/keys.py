@@ -69,14 +69,22 @@ def holds_key():
 POOLED_LANES = frozenset({'user', 'api_heavy_task'})
 
 
+_fields = {}  # lane key -> its field (every acquire names one per lane)
+
+
 def hold_field(key):
     """The field of `holds_key()` that measures the lane `key` holds, e.g. 'es2_knn', 'tier:preview',
     'user' (every user's lane together)."""
-    if isinstance(key, bytes):
-        key = key.decode()
-    name = key.split('}:', 1)[-1]
-    lane = name.split(':', 1)[0]
-    return lane if lane in POOLED_LANES else name
+    field = _fields.get(key)
+    if field is None:
+        text = key.decode() if isinstance(key, bytes) else key
+        name = text.split('}:', 1)[-1]
+        lane = name.split(':', 1)[0]
+        field = lane if lane in POOLED_LANES else name
+        if len(_fields) >= MAX_REMEMBERED_KEYS:
+            _fields.clear()  # bound the memory; the next calls refill it
+        _fields[key] = field
+    return field
 
 
 def run_field(queue):

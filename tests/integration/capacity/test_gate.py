@@ -266,6 +266,16 @@ def test_an_error_after_a_refusal_never_refuses(make_user, gates, configure):
     assert gate.decision == Decision.UNAVAILABLE and not gate.refused and gate.retry_after is None
 
 
+def test_an_error_after_the_leases_were_taken_keeps_them_in_the_admission_so_they_are_released(
+        make_user, gates, lanes):
+    with mock.patch('capacity.decisions.decide', side_effect=RuntimeError('boom')):
+        gate = gates(make_user())
+    assert gate.decision == Decision.UNAVAILABLE and gate.error == 'RuntimeError: boom'
+    assert gate.holding and gate.acquired_ms > 0 and all(lanes.zcard(key) == 1 for key in gate.keys)
+    capacity_gate.release(gate)
+    assert all(lanes.zcard(key) == 0 for key in gate.keys)
+
+
 def test_an_unexpected_error_fails_open(make_user, gates):
     with mock.patch('capacity.gate.get_tier', side_effect=KeyError('tier')):
         gate = gates(make_user())
