@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(PY) bench/waiting.py
 	$(PY) bench/saturation.py
 	$(PY) bench/retry_after.py
+	$(PY) bench/latency.py
 	$(PY) bench/quality.py
 
 clean:

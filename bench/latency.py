@@ -1,0 +1,289 @@
+"""Time to a final state under the load generator's default mix, and a generic client's bulk run (issue 15).
+
+    .venv/bin/python bench/latency.py [--seconds 20] [--users 8] [--generic-users 4] [--batches 10]
+                                      [--rows 20] [--terminology tiny] [--api-workers 3]
+
+A private stack (bench/stack.py): gunicorn with --api-workers processes, one lane worker per queue, pools
+from the default capacity config (interactive 1, es2_knn 2, api_heavy 3), warm results off.
+
+Part 1, `mix-poll` and `mix-wait`: `heavy_lanes_client.load.LoadGenerator` with its default mix (single 5,
+bulk 3, bulk-rerank 1, rerank 1), --users users taking the four demo tokens in turn, for --seconds, in the
+default mode (shadow); twice, side by side: the users' POSTs answer a handle at once and they long-poll it
+(`poll`, the client before issue 15's last change), then the POST itself waits up to the long poll
+(`wait`: `Prefer: respond-async, wait=10`, LoadPlan.submit_wait, the client's default now).
+Each call's time from its first send to its final state is the client's; its queue wait (created →
+started) and run time (started → finished) are its row's. Targets (issue 15): single-row calls' p99 ≤ 2 × the
+p99 of their run time + 100 ms; bulk calls' p99 ≤ 1.5 × the p99 of their queue wait + run time.
+
+Part 2, `generic`: enforce mode for every client, lanes small enough that bulk calls are refused, and
+--generic-users clients that know nothing of Heavy Lanes' own headers. Each sends --batches bulk semantic
+`$match` calls of --rows rows (names no other call shares), one at a time, with an Idempotency-Key, no
+`Prefer` and no `X-OCL-Event-Metadata` — as an OCL client does — and reads only the standard fields:
+`RateLimit-Policy` / `RateLimit` (parsed with `http_sf`, a general RFC 9651 parser, not this project's
+client), `Retry-After`, and on a 202 the handle in `Location`. Before a send it waits the reset `t` of a
+concurrency quota whose last `RateLimit` said no room was left (`r=0`); after a 429 or 503 it waits the
+Retry-After and sends again with the same key; a 202 is polled at its `Location` after each Retry-After.
+Checked: every batch ends 200 with one result per row, no call row left unfinished, no lease left.
+
+Writes bench/out/latency.json.
+"""
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+import uuid
+
+from helpers import write
+from stack import Stack
+
+GENERIC_CONFIG = {'mode': 'enforce', 'enforce_for': 'all'}  # default lanes: es2_knn holds 2 bulk calls
+
+
+def pct(values, q):
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def ms(value):
+    return None if value is None else round(value * 1000, 1)
+
+
+def part_mix(stack, args, submit_wait):
+    import heavy_lanes_client.load as load
+
+    from workers.models import HeavyCall
+    stack.reset_calls()
+    accounts = tuple(load.Account(row['tier'], row['token']) for row in stack.tokens()['tokens'])
+    plan = load.LoadPlan(url=stack.url, accounts=accounts, users=args.users, seconds=args.seconds,
+                         source=stack.source, seed=1, submit_wait=submit_wait)
+    generator = load.LoadGenerator(plan)
+    offset = time.time() - time.monotonic()  # the load generator's clock is time.monotonic
+    report = generator.run()
+    sent_at = {call.task_id: call.started + offset for call in generator.ledger.calls if call.task_id}
+    rows = {row['id']: row for row in HeavyCall.objects.values(
+        'id', 'state', 'rows', 'served_as', 'created_at', 'started_at', 'finished_at')}
+    groups = {'single': [], 'bulk': []}
+    for call in report.calls:
+        groups['single' if call.kind == 'single' else 'bulk'].append(call)
+    out = {}
+    for name, calls in groups.items():
+        final = [call for call in calls if call.latency is not None and call.outcome in ('succeeded', 'failed')]
+        latency = [call.latency for call in final]
+        run, wait, both, served, before, after = [], [], [], {}, [], []
+        for call in final:
+            row = rows.get(call.task_id)
+            if row is None:
+                continue
+            served[row['served_as']] = served.get(row['served_as'], 0) + 1
+            if row['served_as'] != 'run' or not (row['started_at'] and row['finished_at']):
+                continue
+            run.append((row['finished_at'] - row['started_at']).total_seconds())
+            if call.task_id in sent_at:
+                before.append(row['created_at'].timestamp() - sent_at[call.task_id])
+                after.append(sent_at[call.task_id] + call.latency - row['finished_at'].timestamp())
+            wait.append((row['started_at'] - row['created_at']).total_seconds())
+            both.append((row['finished_at'] - row['created_at']).total_seconds())
+        bound = (2 * pct(run, 0.99) + 0.1) if name == 'single' and run else (
+            1.5 * pct(both, 0.99) if both else None)
+        slowest = []
+        for call in sorted(final, key=lambda c: -c.latency)[:5]:
+            row = rows.get(call.task_id) or {}
+            span = lambda a, b: ms((row[b] - row[a]).total_seconds()) if row.get(a) and row.get(b) else None  # noqa: E731
+            slowest.append({'ms': ms(call.latency), 'sends': call.sends,
+                            'decision': call.decision, 'served_as': row.get('served_as'),
+                            'queue_wait_ms': span('created_at', 'started_at'),
+                            'run_ms': span('started_at', 'finished_at'),
+                            'before_row_ms': ms(row['created_at'].timestamp() - sent_at[call.task_id])
+                            if call.task_id in sent_at else None,
+                            'after_row_ms': ms(sent_at[call.task_id] + call.latency - row['finished_at'].timestamp())
+                            if call.task_id in sent_at and row.get('finished_at') else None})
+        out[name] = {
+            'slowest': slowest,
+            'calls': len(calls), 'final': len(final), 'served_as': served,
+            'outcomes': {str(k): sum(1 for c in calls if c.outcome == k) for k in {c.outcome for c in calls}},
+            'submit_to_final_ms': {'p50': ms(pct(latency, 0.5)), 'p99': ms(pct(latency, 0.99)),
+                                   'max': ms(max(latency) if latency else None)},
+            'run_ms': {'p50': ms(pct(run, 0.5)), 'p99': ms(pct(run, 0.99))},
+            'queue_wait_ms': {'p50': ms(pct(wait, 0.5)), 'p99': ms(pct(wait, 0.99))},
+            'wait_plus_run_p99_ms': ms(pct(both, 0.99)),
+            'send_to_row_ms': {'p50': ms(pct(before, 0.5)), 'p99': ms(pct(before, 0.99))},
+            'end_to_answer_ms': {'p50': ms(pct(after, 0.5)), 'p99': ms(pct(after, 0.99))},
+            'bound_ms': ms(bound),
+            'target_met': bound is not None and bool(latency) and pct(latency, 0.99) <= bound,
+        }
+    out['lost'] = sum(1 for call in report.calls if call.outcome is None)
+    out['wall_seconds'] = report.wall_seconds
+    stack.wait_drained(60)
+    return out
+
+
+class GenericClient:
+    """An HTTP client that adapts to the server by the standard fields only (see the module docstring)."""
+
+    def __init__(self, stack, token, number, args, records, lock):
+        import requests
+        self.stack, self.number, self.args = stack, number, args
+        self.records, self.lock = records, lock
+        self.session = requests.Session()
+        self.session.headers['Authorization'] = f'Token {token}'
+        self.hold_until = 0.0
+
+    def note(self, kind, value=1):
+        with self.lock:
+            self.records[kind] = self.records.get(kind, 0) + value
+
+    def read_ratelimit(self, response):
+        """Hold off the next send while a concurrency quota the server named has no room left."""
+        import http_sf
+        policy_text, limit_text = response.headers.get('RateLimit-Policy'), response.headers.get('RateLimit')
+        if not policy_text or not limit_text:
+            return
+        try:
+            policies = {name: params for name, params in http_sf.parse(policy_text.encode(), tltype='list')}
+            limits = http_sf.parse(limit_text.encode(), tltype='list')
+        except Exception:  # noqa: BLE001 - a field that doesn't parse is ignored, as the draft says
+            self.note('ratelimit_unparsed')
+            return
+        self.note('ratelimit_read')
+        for name, params in limits:
+            unit = str(policies.get(name, {}).get('qu', ''))
+            if unit == 'concurrent-requests' and params.get('r') == 0 and params.get('t'):
+                self.hold_until = max(self.hold_until, time.monotonic() + float(params['t']))
+                self.note('held_by_ratelimit')
+
+    def retry_after(self, response):
+        return float(response.headers.get('Retry-After') or 1)
+
+    def batch(self, n):
+        rows = [{'name': f'generic {self.number} {n} {i} {uuid.uuid4().hex[:6]}'} for i in range(self.args.rows)]
+        key = uuid.uuid4().hex
+        first = time.monotonic()
+        give_up = first + 600
+        while time.monotonic() < give_up:
+            time.sleep(max(0.0, self.hold_until - time.monotonic()))
+            response = self.session.post(f'{self.stack.url}/concepts/$match/?semantic=true',
+                                         json={'rows': rows, 'target_repo_url': self.stack.source},
+                                         headers={'Idempotency-Key': key}, timeout=(5, 660))
+            self.read_ratelimit(response)
+            if response.status_code in (429, 503):
+                self.note(f'answers_{response.status_code}')
+                time.sleep(self.retry_after(response))
+                continue
+            if response.status_code == 202:
+                self.note('answers_202')
+                response = self.poll(response, give_up)
+            if response is not None and response.status_code == 200:
+                body = response.json()
+                body = body.get('result', body) if isinstance(body, dict) else body
+                ok = isinstance(body, list) and len(body) == len(rows)
+                return {'ok': ok, 'seconds': time.monotonic() - first, 'status': 200}
+            return {'ok': False, 'seconds': time.monotonic() - first,
+                    'status': getattr(response, 'status_code', None), 'body': getattr(response, 'text', '')[:200]}
+        return {'ok': False, 'seconds': time.monotonic() - first, 'status': 'gave up'}
+
+    def poll(self, accepted, give_up):
+        location = accepted.headers.get('Location')
+        if not location:
+            return accepted
+        url = location if location.startswith('http') else self.stack.url + location
+        wait = self.retry_after(accepted)
+        while time.monotonic() < give_up:
+            time.sleep(wait)
+            response = self.session.get(url, timeout=(5, 60))
+            if response.status_code == 200 and response.json().get('state') in ('succeeded',):
+                return response
+            if response.status_code == 200 and response.json().get('state') in ('failed', 'cancelled', 'expired'):
+                return None
+            wait = self.retry_after(response)
+        return None
+
+    def run(self, results):
+        for n in range(self.args.batches):
+            outcome = self.batch(n)
+            with self.lock:
+                results.append(outcome)
+
+
+def part_generic(stack, args):
+    from workers.models import HeavyCall, State
+    stack.reset_calls()
+    stack.set_config(**GENERIC_CONFIG)
+    tokens = [row['token'] for row in stack.tokens()['tokens']]
+    records, results, lock = {}, [], threading.Lock()
+    started = time.monotonic()
+    threads = [threading.Thread(target=GenericClient(stack, tokens[n % len(tokens)], n, args, records, lock).run,
+                                args=(results,), daemon=True) for n in range(args.generic_users)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(900)
+    wall = time.monotonic() - started
+    drained = stack.wait_drained(60)
+    from capacity.config import get_config
+    time.sleep(1)
+    leases = {key: n for key, n in stack.in_flight().items() if n}
+    not_final = HeavyCall.objects.filter(state__in=(State.QUEUED, State.RUNNING)).count()
+    expected = args.generic_users * args.batches
+    ok = sum(1 for item in results if item['ok'])
+    return {
+        'users': args.generic_users, 'batches_each': args.batches, 'rows': args.rows,
+        'mode': get_config()['mode'], 'batches': len(results), 'answered_with_every_row': ok,
+        'lost': expected - ok, 'failures': [item for item in results if not item['ok']][:5],
+        'answers': records, 'wall_seconds': round(wall, 2),
+        'batch_seconds': {'p50': round(pct([r['seconds'] for r in results], 0.5) or 0, 2),
+                          'max': round(max((r['seconds'] for r in results), default=0), 2)},
+        'drained': drained, 'calls_not_final': not_final, 'leases_left': leases,
+        'target_met': ok == expected and not not_final and not leases and drained
+        and records.get('answers_429', 0) > 0,
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--seconds', type=float, default=20)
+    parser.add_argument('--users', type=int, default=8)
+    parser.add_argument('--generic-users', type=int, default=4)
+    parser.add_argument('--batches', type=int, default=10)
+    parser.add_argument('--rows', type=int, default=20)
+    parser.add_argument('--api-workers', type=int, default=3)
+    parser.add_argument('--terminology', default='tiny', choices=('hpo', 'tiny'))
+    parser.add_argument('--parts', default='mix-poll,mix-wait,generic')
+    args = parser.parse_args()
+    print('$', ' '.join([os.path.relpath(sys.executable), *sys.argv]), flush=True)
+    parts = args.parts.split(',')
+    results = {}
+    with Stack(api_workers=args.api_workers, terminology=args.terminology) as stack:
+        stack.django()
+        for name, submit_wait in (('mix-poll', False), ('mix-wait', True)):
+            if name in parts:
+                results[name] = part_mix(stack, args, submit_wait)
+                print(f'{name}:', json.dumps(results[name]), flush=True)
+        if 'generic' in parts:
+            results['generic'] = part_generic(stack, args)
+            print('generic:', json.dumps(results['generic']), flush=True)
+    write('latency', results)
+    print(f'{"part":<10}{"calls":<8}{"n":>6}{"p50":>9}{"p99":>9}{"max":>9}{"run p99":>9}{"wait p99":>9}'
+          f'{"bound":>9}  met')
+    for part in ('mix-poll', 'mix-wait'):
+        for name in ('single', 'bulk'):
+            if part not in results:
+                continue
+            item = results[part][name]
+            t = item['submit_to_final_ms']
+            print(f'{part:<10}{name:<8}{item["calls"]:>6}{t["p50"]!s:>9}{t["p99"]!s:>9}{t["max"]!s:>9}'
+                  f'{item["run_ms"]["p99"]!s:>9}{item["queue_wait_ms"]["p99"]!s:>9}{item["bound_ms"]!s:>9}  '
+                  f'{item["target_met"]}')
+    if 'generic' in results:
+        g = results['generic']
+        print(f'generic: {g["answered_with_every_row"]}/{g["users"] * g["batches_each"]} batches answered with '
+              f'every row, answers {g["answers"]}, leases left {g["leases_left"] or 0}, met {g["target_met"]}')
+    sys.exit(0 if all(part.get('target_met', True) for name, part in results.items() if name == 'generic')
+             else 1)
+
+
+if __name__ == '__main__':
+    main()
