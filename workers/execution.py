@@ -22,15 +22,18 @@ killed at the hard limit, and the worker's main process ends it (workers.signals
 """
 import ctypes
 import logging
+import os
+import signal
 import threading
 import time
+from contextlib import contextmanager
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import connection
 from rest_framework.exceptions import ValidationError
 
-from capacity import failopen
+from capacity import failopen, logs
 from capacity.config import get_config
 from capacity.lease import LeaseRenewer
 from common import request_id
@@ -132,16 +135,65 @@ def run_loaded(call, perform, node, soft_limit):
         began = time.monotonic()
         result = running.run(perform, call)
     except CallStopped:
-        end(call, worker, lease, heartbeat, recorded=False)
+        with terminate_deferred() as ending:
+            ending.cancelled = True
+            end(call, worker, lease, heartbeat, recorded=False)
         return None
     except Exception as ex:
-        ran = ran_for(call, began)
-        error = describe(ex, soft_limit or config['max_hold_seconds'])
-        end(call, worker, lease, heartbeat, recorded=lifecycle.fail(call, error, worker=worker), ran=ran)
+        with terminate_deferred() as ending:
+            ran = ran_for(call, began)
+            error = describe(ex, soft_limit or config['max_hold_seconds'])
+            recorded = lifecycle.fail(call, error, worker=worker)
+            ending.cancelled = not recorded
+            end(call, worker, lease, heartbeat, recorded=recorded, ran=ran)
         raise
-    ran = ran_for(call, began)
-    end(call, worker, lease, heartbeat, recorded=lifecycle.succeed(call, result, worker=worker), ran=ran)
+    with terminate_deferred() as ending:
+        ran = ran_for(call, began)
+        recorded = lifecycle.succeed(call, result, worker=worker)
+        ending.cancelled = not recorded
+        end(call, worker, lease, heartbeat, recorded=recorded, ran=ran)
     return result
+
+
+class Ending:
+    cancelled = False  # the call was cancelled while it ran: the cancel's terminate signal is on its way
+
+
+@contextmanager
+def terminate_deferred():
+    """Hold a SIGTERM back until the block ends, then take it as it would have been taken.
+
+    A cancel of a running call sends its pool process SIGTERM (Celery's revoke with terminate), which kills
+    it at once: right while the work runs, that is the point. But the same cancel makes the run's own end
+    find the call cancelled, so a quick call is often in its end (recording it, releasing its leases,
+    writing its line: workers.lifecycle.stopped) when the signal lands, and a process killed there left the
+    call half ended: no line, and leases nobody released. The work is over by then; only the bookkeeping is
+    left, and it is short. Before the signal is taken, or when one is on its way (`Ending.cancelled`), the
+    log lines of the end are written out: a daemon thread writes them (capacity.logs), and the signal
+    would kill it with them queued. Python handles a signal on the main thread, where a prefork pool runs
+    its tasks; elsewhere (a thread pool in tests) nothing is held back.
+    """
+    ending = Ending()
+    if threading.current_thread() is not threading.main_thread():
+        yield ending
+        return
+    held = []
+    try:
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: held.append(signum))
+    except (ValueError, OSError):  # no signals here (not the main interpreter)
+        yield ending
+        return
+    try:
+        yield ending
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if held or ending.cancelled:
+            logs.drain(LOG_DRAIN_SECONDS)
+        if held:
+            os.kill(os.getpid(), signal.SIGTERM)  # what it would have done, now that the end is whole
+
+
+LOG_DRAIN_SECONDS = 0.5
 
 
 def ran_for(call, began):
@@ -202,9 +254,13 @@ def end(call, worker, lease, heartbeat, recorded, ran=None):
     if not recorded and lifecycle.taken_over(call, worker):
         logger.warning('Heavy call %s was taken over by another delivery; this run ends without a trace', call.pk)
         return
-    lease.release(ran=ran if recorded else None)
-    lifecycle.note_limiter(call, lease)
     if recorded:
+        lease.release(ran=ran)
+        lifecycle.note_limiter(call, lease)
         lifecycle.ended(call, lease)
     else:
-        lifecycle.stopped(call.pk, lease)
+        # Cancelled while it ran, and the work has stopped: the row says so before the leases go back
+        # (lifecycle.stopped), never after.
+        if not lifecycle.stopped(call.pk, lease):
+            lease.release()  # already marked stopped by someone else: a release is harmless twice
+        lifecycle.note_limiter(call, lease)
