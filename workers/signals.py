@@ -9,7 +9,8 @@ these handlers runs, or is even registered, outside a worker.
   limit — the call ends `failed` saying so and its leases are freed (lifecycle.time_out); the message is
   acknowledged by Celery (acks_on_timeout), so it is not delivered again;
 - `task_prerun`, `task_postrun`: bind the call's request id (a header of its message) while it runs, in the
-  pool process, so every log line of it carries the id (common.jsonlog);
+  pool process, so every log line of it carries the id (common.jsonlog); before a task, drop a database
+  connection that failed and is gone (common.database.drop_broken_connections);
 - `celeryd_after_setup`, `worker_ready`, `worker_shutdown`: don't consume a paused queue at start, and
   start and stop the node's pool reconciler (workers.pool).
 
@@ -27,6 +28,7 @@ from celery.signals import (
 from celery.worker import heartbeat
 
 from capacity.config import get_config
+from common.database import drop_broken_connections
 from django.db import connection
 
 from common import request_id
@@ -131,6 +133,11 @@ def _stopped_once_gone(call_id, pid, seconds):
 
 
 _bound = []  # the request id bound by task_prerun in this pool process (one task at a time)
+
+
+@task_prerun.connect
+def drop_broken_database_connections(**kwargs):
+    drop_broken_connections()
 
 
 @task_prerun.connect
