@@ -10,7 +10,8 @@ these handlers runs, or is even registered, outside a worker.
   acknowledged by Celery (acks_on_timeout), so it is not delivered again;
 - `task_prerun`, `task_postrun`: bind the call's request id (a header of its message) while it runs, in the
   pool process, so every log line of it carries the id (common.jsonlog); before a task, drop a database
-  connection that failed and is gone (common.database.drop_broken_connections);
+  connection that failed and is gone (common.database.drop_broken_connections), as `task_revoked` and
+  `task_failure` do in the main process;
 - `celeryd_after_setup`, `worker_ready`, `worker_shutdown`: don't consume a paused queue at start, and
   start and stop the node's pool reconciler (workers.pool).
 
@@ -65,6 +66,7 @@ def end_revoked(request=None, terminated=False, expired=False, **kwargs):
     if not call_id:
         return
     try:
+        drop_broken_connections()  # the main process's own connection: no task_prerun runs here
         if terminated:
             release_when_gone(call_id)
         else:
@@ -159,6 +161,7 @@ def end_timed_out(task_id=None, exception=None, **kwargs):
         return
     seconds = exception.args[0] if exception.args else '?'
     try:
+        drop_broken_connections()
         lifecycle.time_out(task_id, seconds, _node[0] if _node else '')
     except Exception:  # noqa: BLE001 - never break the worker's main loop; the leases expire on their own
         logger.exception('Could not end timed-out heavy call %s', task_id)

@@ -33,3 +33,14 @@ def test_a_connection_without_errors_is_not_looked_at():
     with mock.patch.object(connection, 'is_usable') as is_usable:
         signals.drop_broken_database_connections()
     is_usable.assert_not_called()
+
+
+def test_the_main_process_drops_a_broken_connection_before_ending_a_revoked_call():
+    # No task runs in a worker's main process, so its revoke handler looks at its own connection first.
+    connection.ensure_connection()
+    connection.errors_occurred = True
+    seen = []
+    with mock.patch.object(connection, 'is_usable', return_value=False), \
+            mock.patch.object(signals.lifecycle, 'end_unstarted', lambda *a: seen.append(connection.connection)):
+        signals.end_revoked(request=mock.Mock(id='c' * 32))
+    assert seen == [None]
