@@ -114,8 +114,8 @@ def drop_ack(broker_pid, running_call, log_of, finished, timeout=25.0):
             'log': log.name if log else None, 'stall': (stopped, resumed)}
 
 
-def flush_broker(broker, queued_calls, timeout=15.0):
-    """FLUSHDB the broker while calls wait on its lists (waits up to `timeout` for three); returns the ids
+def flush_broker(broker, queued_calls, timeout=8.0):
+    """FLUSHDB the broker while calls wait on its lists (waits up to `timeout` for one); returns the ids
     of the calls that were queued then (their messages are gone: the sweep must send them again or expire
     them)."""
     from workers import messages
@@ -124,7 +124,7 @@ def flush_broker(broker, queued_calls, timeout=15.0):
     waiting = 0
     while time.monotonic() < deadline:
         waiting = sum(messages.depth(queue, broker) for queue in QUEUE_NAMES)
-        if waiting >= 3:
+        if waiting:
             break
         time.sleep(0.02)
     queued = queued_calls()
