@@ -11,7 +11,8 @@ these handlers runs, or is even registered, outside a worker.
 - `task_prerun`, `task_postrun`: bind the call's request id (a header of its message) while it runs, in the
   pool process, so every log line of it carries the id (common.jsonlog); before a task, drop a database
   connection that failed and is gone (common.database.drop_broken_connections), as `task_revoked` and
-  `task_failure` do in the main process;
+  `task_failure` do in the main process; `worker_process_init`: a new pool process lets go of its
+  parent's connections without touching them (common.database.forget_inherited_connections);
 - `celeryd_after_setup`, `worker_ready`, `worker_shutdown`: don't consume a paused queue at start, and
   start and stop the node's pool reconciler (workers.pool).
 
@@ -24,12 +25,13 @@ import time
 
 from celery.exceptions import TimeLimitExceeded
 from celery.signals import (
-    celeryd_after_setup, task_failure, task_postrun, task_prerun, task_revoked, worker_ready, worker_shutdown,
+    celeryd_after_setup, task_failure, task_postrun, task_prerun, task_revoked, worker_process_init, worker_ready,
+    worker_shutdown,
 )
 from celery.worker import heartbeat
 
 from capacity.config import get_config
-from common.database import drop_broken_connections
+from common.database import drop_broken_connections, forget_inherited_connections
 from django.db import connection
 
 from common import request_id
@@ -135,6 +137,11 @@ def _stopped_once_gone(call_id, pid, seconds):
 
 
 _bound = []  # the request id bound by task_prerun in this pool process (one task at a time)
+
+
+@worker_process_init.connect
+def forget_parent_database_connections(**kwargs):
+    forget_inherited_connections()
 
 
 @task_prerun.connect

@@ -44,3 +44,18 @@ def test_the_main_process_drops_a_broken_connection_before_ending_a_revoked_call
             mock.patch.object(signals.lifecycle, 'end_unstarted', lambda *a: seen.append(connection.connection)):
         signals.end_revoked(request=mock.Mock(id='c' * 32))
     assert seen == [None]
+
+
+def test_a_pool_process_lets_go_of_a_parent_connection_even_one_psycopg_finds_lost(monkeypatch):
+    # Celery's fixup gives up on it ('the connection is lost' from fileno): the child must not use it.
+    from common import database
+    lost = mock.Mock()
+    lost.fileno.side_effect = OSError('the connection is lost')
+    connection.ensure_connection()
+    own = connection.connection
+    monkeypatch.setattr(database, '_inherited', [])
+    connection.connection = lost
+    signals.forget_parent_database_connections()
+    assert connection.connection is None and database._inherited == [lost]
+    lost.close.assert_not_called()  # not a byte on the parent's socket
+    own.close()
