@@ -25,7 +25,7 @@ Load: two heavy_lanes_client LoadGenerators, one per API server, `--clients` use
 demo tokens, the default mix, each user waiting out a 429's Retry-After (capped at --max-backoff s); every
 POST is timed and its answer recorded by Idempotency-Key. Beside it, a thread submits small es2_knn calls
 as the staff user and DELETEs each at once (a varied 0-0.1 s after its 202, or as a worker picks it up),
-alternating the servers, until 95 % of --seconds.
+two such threads, one on each server, until 95 % of --seconds.
 
 Faults, at fractions of --seconds: 6 % a running call's taken message pushed onto its queue again (a
 duplicate); 12 % SIGKILL of the pool process running a call; 17 % SIGSTOP of both redis-servers for
@@ -236,7 +236,7 @@ def run(args, broker, broker_url):
         threads = [threading.Thread(target=lambda g=g, i=i: reports.update({i: g.run()}), name=f'soak-load-{i}')
                    for i, g in enumerate(generators)]
         staff = next(row['token'] for row in tokens if row['tier'] == 'staff')
-        race = CancelRace(stack.urls, staff, stack.source, PHRASES)
+        races = [CancelRace([url], staff, stack.source, PHRASES) for url in stack.urls]
         watch = Watch()
         sampler.start()
         while sampler.started is None:
@@ -244,7 +244,8 @@ def run(args, broker, broker_url):
         t0 = sampler.started
         for thread in threads:
             thread.start()
-        race.start()
+        for race in races:
+            race.start()
         watch.start()
 
         def at(fraction):
@@ -374,7 +375,8 @@ def run(args, broker, broker_url):
         redis_stall(*STALLS[3])
 
         at(0.95)
-        race.stop()
+        for race in races:
+            race.stop()
         for thread in threads:
             thread.join()
         load_done = rel(time.monotonic())
@@ -396,7 +398,7 @@ def run(args, broker, broker_url):
         probes = probe_pools(stack, staff, lanes_with_lost_acks(stack))
         watch.stop()
         return report(args, stack=stack, tag=tag, limit_of=limit_of, cfg=cfg, faults=faults, stalls=stalls,
-                      generators=generators, posts=posts, race=race, watch=watch, sampler=sampler,
+                      generators=generators, posts=posts, races=races, watch=watch, sampler=sampler,
                       broker_client=broker_client, load_done=load_done, drained=drained, drained_t=drained_t,
                       leases_left=leases_left, members_left=members_left, probes=probes, settings=SETTINGS,
                       lease_seconds=LEASE_SECONDS, late_seconds=LATE_SECONDS, retry_seconds=RETRY_SECONDS)
@@ -412,7 +414,7 @@ def lanes_with_lost_acks(stack):
 
 def probe_pools(stack, token, queues, timeout=90):
     """For each of `queues`: send as many long calls as its pool has processes and see how many run at
-    once (they must all: no prefetch slot lost). {queue: {pool, peak, states}}."""
+    once, from the rows' start and end (they must all: no prefetch slot lost). {queue: {pool, at_once, ...}}."""
     import requests
 
     from workers.models import HeavyCall
@@ -433,14 +435,16 @@ def probe_pools(stack, token, queues, timeout=90):
                                      timeout=30)
             if response.status_code == 202:
                 ids.append(response.json()['id'])
-        peak = 0
         deadline = time.monotonic() + timeout
         while ids and time.monotonic() < deadline and HeavyCall.objects.filter(pk__in=ids).filter(
                 state__in=('queued', 'running')).exists():
-            peak = max(peak, HeavyCall.objects.filter(pk__in=ids, state='running').count())
-            time.sleep(0.02)
-        states = dict(HeavyCall.objects.filter(pk__in=ids).values_list('pk', 'state'))
-        out[queue] = {'pool': pool, 'sent': len(ids), 'peak_running': peak, 'states': list(states.values()), 'ids': ids}
+            time.sleep(0.1)
+        spans = list(HeavyCall.objects.filter(pk__in=ids).values_list('state', 'started_at', 'finished_at'))
+        # How many ran at once: the most runs whose [started_at, finished_at] hold one moment.
+        at_once = max((sum(1 for _, s, f in spans if s and f and s <= start < f) for _, start, _ in spans if start),
+                      default=0)
+        out[queue] = {'pool': pool, 'sent': len(ids), 'at_once': at_once, 'states': [state for state, _, _ in spans],
+                      'ids': ids}
     return out
 
 

@@ -174,7 +174,7 @@ class CancelRace(threading.Thread):
                 self.submissions.append({'key': key, 'status': response.status_code, 'sent': sent,
                                          'took': time.monotonic() - sent})
                 if response.status_code != 202:
-                    self.stopping.wait(0.3 if response.status_code == 429 else 1.0)
+                    self.stopping.wait(0.1 if response.status_code == 429 else 1.0)
                     continue
                 call_id = response.json()['id']
                 if number % 2:  # just as a worker picks it up (or a moment later)
