@@ -25,7 +25,7 @@ Load: two heavy_lanes_client LoadGenerators, one per API server, `--clients` use
 demo tokens, the default mix, each user waiting out a 429's Retry-After (capped at --max-backoff s); every
 POST is timed and its answer recorded by Idempotency-Key. Beside it, a thread submits small es2_knn calls
 as the staff user and DELETEs each at once (a varied 0-0.1 s after its 202, or as a worker picks it up),
-two such threads, one on each server, until 95 % of --seconds.
+two such threads, one on each server, until 95 % of --seconds and at least 200 races (up to 60 s more).
 
 Faults, at fractions of --seconds: 6 % a running call's taken message pushed onto its queue again (a
 duplicate); 12 % SIGKILL of the pool process running a call; 17 % SIGSTOP of both redis-servers for
@@ -53,7 +53,7 @@ from collections import defaultdict
 
 from helpers import lane_limit
 from soak_faults import CancelRace, drop_ack, duplicate_running, flush_broker, own_sessions_named, read_only_database, stall
-from soak_report import consuming_pools, report
+from soak_report import MIN_RACES, consuming_pools, report
 from soak_sampler import Sampler
 from stack import HOME, Stack
 
@@ -375,6 +375,9 @@ def run(args, broker, broker_url):
         redis_stall(*STALLS[3])
 
         at(0.95)
+        deadline = time.monotonic() + 60  # the races go on past the load until there were MIN_RACES of them
+        while sum(len(race.races) for race in races) < MIN_RACES and time.monotonic() < deadline:
+            time.sleep(0.2)
         for race in races:
             race.stop()
         for thread in threads:

@@ -8,6 +8,7 @@ from pathlib import Path
 from helpers import write
 
 FINAL = ('succeeded', 'failed', 'cancelled', 'expired')
+MIN_RACES = 200
 SLACK_SECONDS = 1.5  # a loaded 2-core machine on top of the documented bound (as the fault tests allow)
 TAKEN_OVER = re.compile(r'Heavy call (\S+) was taken over by another delivery')
 
@@ -208,7 +209,7 @@ def report(args, *, stack, tag, limit_of, cfg, faults, stalls, generators, posts
         'queues_empty': not present,
         'faults_applied': bool(faults['pool_kill'].get('call')) and faults['node_kill']['ready'] and bool(duplicate)
         and 'lane' in faults['duplicate_message'] and faults['dropped_ack'].get('ack_lost', False)
-        and sum(faults['read_only_database']['sessions_ended']) > 0 and len(race.races) >= 200
+        and sum(faults['read_only_database']['sessions_ended']) > 0 and len(race.races) >= MIN_RACES
         and from_queue >= 5 and len(cancelled) - from_queue >= 5,
     }
 
