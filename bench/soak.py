@@ -54,7 +54,7 @@ from collections import defaultdict
 from helpers import lane_limit
 from soak_faults import CancelRace, drop_ack, duplicate_running, flush_broker, own_sessions_named, read_only_database, stall
 from soak_report import MIN_RACES, consuming_pools, report
-from soak_sampler import Sampler
+from soak_sampler import Sampler, Watch
 from stack import HOME, Stack
 
 from devstack.processes import Child, stop_children, tail
@@ -155,40 +155,6 @@ class Posts:
             self.timed.append((sent, took, entry['status']))
 
 
-class Watch(threading.Thread):
-    """Every second: any call still `queued` LATE_SECONDS past its deadline, and the running calls per lane."""
-
-    def __init__(self):
-        super().__init__(name='soak-watch', daemon=True)
-        self.stopping = threading.Event()
-        self.late = {}  # call id -> (expires_at, seen at)
-        self.errors = 0
-
-    def run(self):
-        from datetime import timedelta
-
-        from django.db import connection
-        from django.utils import timezone
-
-        from workers.models import HeavyCall
-        try:
-            while not self.stopping.wait(1.0):
-                try:
-                    cutoff = timezone.now() - timedelta(seconds=LATE_SECONDS)
-                    for pk, expires in HeavyCall.objects.filter(state='queued', expires_at__lt=cutoff).values_list(
-                            'pk', 'expires_at'):
-                        self.late.setdefault(pk, (expires.isoformat(), timezone.now().isoformat()))
-                except Exception:  # noqa: BLE001 - a database fault: look again in a second
-                    self.errors += 1
-                    connection.close()
-        finally:
-            connection.close()
-
-    def stop(self):
-        self.stopping.set()
-        self.join(5)
-
-
 def run(args, broker, broker_url):
     import redis
     env = {'CELERY_BROKER_URL': broker_url, 'CACHE_REDIS_URL': broker_url, **{k: str(v) for k, v in SETTINGS.items()}}
@@ -237,7 +203,7 @@ def run(args, broker, broker_url):
                    for i, g in enumerate(generators)]
         staff = next(row['token'] for row in tokens if row['tier'] == 'staff')
         races = [CancelRace([url], staff, stack.source, PHRASES) for url in stack.urls]
-        watch = Watch()
+        watch = Watch(LATE_SECONDS)
         sampler.start()
         while sampler.started is None:
             time.sleep(0.01)
