@@ -1,43 +1,60 @@
-"""Soak: mixed load from the load generator with worker kills and a lanes-Redis hang in the middle; then
-zero leaked leases, every admitted call terminal, no duplicate results, every client call accounted for,
-and enforce never let a lane above its limit outside the fail-open window.
+"""Soak: mixed load on two API servers and two worker nodes per lane, with every fault of issue 18 in the
+middle (worker kills, Redis stalls of 0.5 to 20 s, a duplicate message, a dropped ack, DELETEs racing the
+start, a flushed broker, a read-only database); then no lease left, every call ended and run once, no
+cancelled call run on, every submission answered within the documented bound during each stall, enforce
+never let a lane above its limit outside the fail-open windows, and each lane back to its pool size.
 
-    .venv/bin/python bench/soak.py [--seconds 60] [--clients 16] [--terminology tiny] [--api-workers 3]
+    .venv/bin/python bench/soak.py [--seconds 180] [--clients 16] [--terminology tiny] [--api-workers 1]
 
-A private stack (bench/stack.py) with one worker per lane, plus a second redis-server started here: the
-stack's own Redis holds only the lanes (REDIS_URL), the second one is the Celery broker
-(CELERY_BROKER_URL) and the cache (CACHE_REDIS_URL: DRF's throttle history), so hanging the lanes Redis
-exercises fail-open while the queue keeps working. Settings for every stack process:
-CAPACITY_REDIS_DEADLINE_SECONDS=0.3, CAPACITY_REDIS_RETRY_SECONDS=5, CELERY_VISIBILITY_TIMEOUT=10 (a call
-on a killed node is delivered again within the run). Capacity config: mode enforce, enforce_for all, the
-default (small) limits, lease_seconds 15, renew_seconds 5.
+The stack (bench/stack.py): two gunicorn servers, each its own API host (CAPACITY_TASK_ID api-a, api-b)
+with `--api-workers` processes (default 1: two API processes in all), as the fault tests run them
+(tests/integration/faults/test_redis_pause.py starts two one-process gunicorns): two hosts, not one
+master's two workers, so each has its own waiting cap and `api_heavy_task` lane, and a stall meets two
+independent request paths; two Celery nodes per lane queue (`<queue>@a-%h`, `<queue>@b-%h`: the
+reconcilers split each pool over them); Celery beat and the maintenance worker, the sweep every
+WORKERS_SWEEP_SECONDS=1 s with WORKERS_SWEEP_GRACE_SECONDS=3 s (a queued call without a message is sent
+again after 3 s; one past its queue deadline, 30 s here, ends `expired`). The stack's own redis-server
+holds the lanes; a second one started here is the broker and the cache (CELERY_BROKER_URL,
+CACHE_REDIS_URL), so a stall can hit the lanes, the broker or both. Every stack process has
+CAPACITY_REDIS_DEADLINE_SECONDS=0.3, CAPACITY_REDIS_RETRY_SECONDS=5, CELERY_VISIBILITY_TIMEOUT=70 (a
+killed node's call is delivered again within the run; the config must keep queue.deadline_seconds +
+max_hold_seconds + renew_seconds under it, so those are 30 + 30 + 5 s). Capacity config: enforce for
+all, the default (small) limits, lease_seconds 15, renew_seconds 5.
 
-Load: heavy_lanes_client.load.LoadGenerator, `--clients` users taking the four demo tokens (staff, core,
-early_access, preview) in turn, the default mix (single 5, bulk 3, bulk-rerank 1, rerank 1), each user
-waiting out a 429's Retry-After (capped at --max-backoff s). Every POST answer is recorded (status,
-Retry-After, error_code) by a response hook keyed by Idempotency-Key.
+Load: two heavy_lanes_client LoadGenerators, one per API server, `--clients` users in all over the four
+demo tokens, the default mix, each user waiting out a 429's Retry-After (capped at --max-backoff s); every
+POST is timed and its answer recorded by Idempotency-Key. Beside it, a thread submits small es2_knn calls
+as the staff user and DELETEs each at once (a varied 0-0.1 s after its 202, or as a worker picks it up),
+two such threads, one on each server, until 95 % of --seconds and at least 200 races (up to 60 s more).
 
-Faults, at fractions of --seconds: 25% SIGKILL the pool process running a call (found from the HeavyCall
-row's `worker` "<node> pid <pid>"); 40% SIGKILL a whole lane worker node (its process group), start it
-again 2 s later; 60% SIGSTOP the lanes redis-server for --hang seconds, then SIGCONT. The fail-open window
-is [SIGSTOP, SIGCONT + CAPACITY_REDIS_RETRY_SECONDS + 2 s].
+Faults, at fractions of --seconds: 6 % a running call's taken message pushed onto its queue again (a
+duplicate); 12 % SIGKILL of the pool process running a call; 17 % SIGSTOP of both redis-servers for
+0.5 s; 23 % SIGKILL of one of a bulk queue's two nodes (its process group), started again 2 s later;
+30 % the broker stopped 2 s; 37 % the broker stopped while a running call ends, until its worker logs
+"Couldn't ack" (a dropped ack); 46 % the lanes Redis stopped 5 s; 55 % FLUSHDB of the broker while calls
+wait on its lists; 62 % the database read-only for 4 s (bench/soak_faults.read_only_database); 70 % both
+redis-servers stopped 20 s. A fail-open window is [SIGSTOP - 0.2 s, SIGCONT + CAPACITY_REDIS_RETRY_SECONDS
++ 2 s] of each stall of the lanes Redis. The bound on a submission during a stall is docs/api.md's:
+CAPACITY_REDIS_DEADLINE_SECONDS + CELERY_PUBLISH_DEADLINE_SECONDS + the cache's timeout (1 s), plus 1.5 s
+for a loaded 2-core machine (as the fault tests allow).
 
-The sampler reads ZCOUNT <lane> (Redis TIME, +inf) of every lane key every 50 ms (keys refreshed by SCAN
-every second) with a 0.2 s socket timeout; samples during the hang are skipped. After the load: drain (no
-message on the broker, no call queued or running), wait lease_seconds + 1, then check.
+The sampler (bench/soak_sampler.py) reads every lane's unexpired leases every 50 ms, skipping stalls of
+the lanes Redis. After the load: drain (no message on the broker, no call queued or running), wait
+lease_seconds + 1 s; then for each lane whose worker lost an ack, as many long calls as its pool has
+processes are sent, and they must run at once. The checks and the report: bench/soak_report.py.
 """
 import argparse
-import json
 import os
 import signal
-import statistics
 import sys
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 
-from helpers import lane_limit, write
-from soak_sampler import Sampler
+from helpers import lane_limit
+from soak_faults import CancelRace, drop_ack, duplicate_running, flush_broker, own_sessions_named, read_only_database, stall
+from soak_report import MIN_RACES, consuming_pools, report
+from soak_sampler import Sampler, Watch
 from stack import HOME, Stack
 
 from devstack.processes import Child, stop_children, tail
@@ -46,12 +63,21 @@ from workers.lanes import QUEUE_NAMES, QUEUES
 
 DEADLINE_SECONDS = 0.3
 RETRY_SECONDS = 5
-VISIBILITY_SECONDS = 10
+VISIBILITY_SECONDS = 70
+QUEUE_DEADLINE_SECONDS = 30
+MAX_HOLD_SECONDS = 30
 LEASE_SECONDS = 15
 RENEW_SECONDS = 5
+SWEEP_SECONDS = 1
+SWEEP_GRACE_SECONDS = 3
+LATE_SECONDS = 3 * SWEEP_SECONDS  # a queued call this long past its deadline is one the sweep missed
 WINDOW_MARGIN = 2.0
-FINAL = ('succeeded', 'failed', 'cancelled', 'expired')
+STALLS = ((0.17, 0.5, ('lanes', 'broker')), (0.30, 2.0, ('broker',)), (0.46, 5.0, ('lanes',)),
+          (0.70, 20.0, ('lanes', 'broker')))  # (fraction of --seconds, seconds, which redis-servers)
 BULK_QUEUES = tuple(queue.name for queue in QUEUES if not queue.single_row)  # a node kill prefers these
+SETTINGS = {'CAPACITY_REDIS_DEADLINE_SECONDS': DEADLINE_SECONDS, 'CAPACITY_REDIS_RETRY_SECONDS': RETRY_SECONDS,
+            'CELERY_VISIBILITY_TIMEOUT': VISIBILITY_SECONDS, 'WORKERS_SWEEP_SECONDS': SWEEP_SECONDS,
+            'WORKERS_SWEEP_GRACE_SECONDS': SWEEP_GRACE_SECONDS}
 
 
 def start_broker():
@@ -63,358 +89,332 @@ def start_broker():
         sys.exit(f'the broker Redis did not start: {ex}')
 
 
-def broker_depths(client):
-    pipe = client.pipeline(transaction=False)
-    names = [(queue, name) for queue in QUEUE_NAMES
-             for name in [queue] + [f'{queue}\x06\x16{level}' for level in (0, 3, 6, 9)]]
-    for _, name in names:
-        pipe.llen(name)
-    depths = dict.fromkeys(QUEUE_NAMES, 0)
-    for (queue, _), depth in zip(names, pipe.execute()):
-        depths[queue] += depth
-    unacked = client.hlen('unacked')
-    return depths, unacked
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--seconds', type=float, default=60)
+    parser.add_argument('--seconds', type=float, default=180)
     parser.add_argument('--clients', type=int, default=16)
-    parser.add_argument('--api-workers', type=int, default=3)
+    parser.add_argument('--api-workers', type=int, default=1, help='processes of each of the two API servers')
     parser.add_argument('--terminology', default='tiny', choices=('tiny', 'hpo'))
-    parser.add_argument('--hang', type=float, default=5.0, help='seconds the lanes Redis stays SIGSTOPped')
     parser.add_argument('--max-backoff', type=float, default=3.0, help='cap on a user\'s wait after a 429')
-    parser.add_argument('--drain-timeout', type=float, default=180.0)
+    parser.add_argument('--drain-timeout', type=float, default=120.0)
     parser.add_argument('--seed', type=int, default=1)
     args = parser.parse_args()
     print('$', ' '.join([os.path.relpath(sys.executable), *sys.argv]), flush=True)
 
     broker, broker_url = start_broker()
     try:
-        result = run(args, broker_url)
+        result = run(args, broker, broker_url)
     finally:
         stop_children([broker])
     sys.exit(0 if result else 1)
 
 
-def run(args, broker_url):
+class Posts:
+    """Every POST of the load: when it was sent, how long until its answer (or its failure), the status."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.by_key = defaultdict(list)  # Idempotency-Key -> [answer]
+        self.timed = []  # (sent, took, status)
+
+    def client_class(self, base):
+        posts = self
+
+        class RecordingClient(base):
+            def __init__(self, *a, **kw):
+                super().__init__(*a, **kw)
+                send = self.session.request
+
+                def request(method, url, **kwargs):
+                    sent = time.monotonic()
+                    try:
+                        response = send(method, url, **kwargs)
+                    except Exception:
+                        if method == 'POST':
+                            posts.add((kwargs.get('headers') or {}).get('Idempotency-Key'), sent, None, None)
+                        raise
+                    if method == 'POST':
+                        posts.add(response.request.headers.get('Idempotency-Key'), sent, response, None)
+                    return response
+                self.session.request = request
+        return RecordingClient
+
+    def add(self, key, sent, response, _):
+        took = time.monotonic() - sent
+        entry = {'status': response.status_code if response is not None else None, 'sent': sent, 'took': took}
+        if response is not None:
+            entry['retry_after'] = response.headers.get('Retry-After')
+            entry['decision'] = response.headers.get('X-OCL-Capacity-Decision')
+            if response.status_code in (429, 503):
+                try:
+                    entry['error_code'] = response.json().get('error_code')
+                except ValueError:
+                    entry['error_code'] = None
+        with self.lock:
+            self.by_key[key].append(entry)
+            self.timed.append((sent, took, entry['status']))
+
+
+def run(args, broker, broker_url):
     import redis
-    env = {'CELERY_BROKER_URL': broker_url, 'CACHE_REDIS_URL': broker_url,
-           'CAPACITY_REDIS_DEADLINE_SECONDS': str(DEADLINE_SECONDS),
-           'CAPACITY_REDIS_RETRY_SECONDS': str(RETRY_SECONDS),
-           'CELERY_VISIBILITY_TIMEOUT': str(VISIBILITY_SECONDS)}
-    config = {'mode': 'enforce', 'enforce_for': 'all', 'lease_seconds': LEASE_SECONDS,
-              'renew_seconds': RENEW_SECONDS}
+    env = {'CELERY_BROKER_URL': broker_url, 'CACHE_REDIS_URL': broker_url, **{k: str(v) for k, v in SETTINGS.items()}}
+    config = {'mode': 'enforce', 'enforce_for': 'all', 'lease_seconds': LEASE_SECONDS, 'renew_seconds': RENEW_SECONDS,
+              'queue': {'deadline_seconds': QUEUE_DEADLINE_SECONDS}, 'max_hold_seconds': MAX_HOLD_SECONDS}
     broker_client = redis.Redis.from_url(broker_url, socket_timeout=5)
     faults = {}
     hung = threading.Event()
-    with Stack(api_workers=args.api_workers, terminology=args.terminology, config=config, env=env) as stack:
+    with Stack(api_workers=args.api_workers, terminology=args.terminology, config=config, env=env,
+               api_servers=2, nodes_per_lane=2, maintenance=True) as stack:
         from capacity.config import get_config
         from django.conf import settings
         from django.contrib.auth import get_user_model
-        from django.db.models import Count
-        from django_celery_results.models import TaskResult
 
         import heavy_lanes_client.load as load
+        from heavy_lanes_client.phrases import PHRASES
         from workers.models import HeavyCall
 
+        own_sessions_named()
         cfg = get_config()
         assert cfg['mode'] == 'enforce' and cfg['lease_seconds'] == LEASE_SECONDS, cfg
         tokens = stack.tokens()['tokens']
         user_tier = {str(get_user_model().objects.get(username=row['username']).pk): row['tier'] for row in tokens}
         tag = '{' + settings.CAPACITY_KEY_PREFIX + '}:'
-        reserve = cfg['reserve_single_row']
 
         def limit_of(key):
             return lane_limit(key, tag, cfg, user_tier)
 
-        # Record every POST answer (the submission) by its Idempotency-Key.
-        answers = defaultdict(list)
-        answers_lock = threading.Lock()
-
-        def on_response(response, *a, **kw):
-            if response.request.method == 'POST':
-                key = response.request.headers.get('Idempotency-Key')
-                entry = {'status': response.status_code, 'retry_after': response.headers.get('Retry-After'),
-                         'decision': response.headers.get('X-OCL-Capacity-Decision')}
-                if response.status_code == 429:
-                    try:
-                        entry['error_code'] = response.json().get('error_code')
-                    except ValueError:
-                        entry['error_code'] = None
-                with answers_lock:
-                    answers[key].append(entry)
-            return response
-
-        class RecordingClient(load.Client):
-            def __init__(self, *a, **kw):
-                super().__init__(*a, **kw)
-                self.session.hooks['response'].append(on_response)
-
-        load.Client = RecordingClient
+        posts = Posts()
+        load.Client = posts.client_class(load.Client)
         accounts = tuple(load.Account(row['tier'], row['token']) for row in tokens)
-        plan = load.LoadPlan(url=stack.url, accounts=accounts, users=args.clients, seconds=args.seconds,
-                             source=stack.source, drain_seconds=min(600.0, args.drain_timeout),
-                             max_backoff=args.max_backoff, seed=args.seed)
-        generator = load.LoadGenerator(plan)
+        generators = []
+        for index, url in enumerate(stack.urls):
+            users = args.clients // 2 + (args.clients % 2 if index == 0 else 0)
+            plan = load.LoadPlan(url=url, accounts=accounts[index:] + accounts[:index], users=users,
+                                 seconds=args.seconds, source=stack.source, drain_seconds=min(600.0, args.drain_timeout),
+                                 max_backoff=args.max_backoff, seed=args.seed + index)
+            generators.append(load.LoadGenerator(plan))
 
-        known = [tag + lane for lane in ('api_heavy', 'es2_knn', f'api_heavy_task:{settings.CAPACITY_TASK_ID}')]
+        known = [tag + lane for lane in ('api_heavy', 'es2_knn')]
+        known += [f'{tag}api_heavy_task:api-{letter}' for letter in 'ab']
         known += [f'{tag}tier:{tier}' for tier in cfg['tiers']] + [f'{tag}user:{pk}' for pk in user_tier]
         sampler = Sampler(stack.redis_url, tag, limit_of, known, hung)
         reports = {}
-        load_thread = threading.Thread(target=lambda: reports.update(report=generator.run()), name='soak-load')
+        threads = [threading.Thread(target=lambda g=g, i=i: reports.update({i: g.run()}), name=f'soak-load-{i}')
+                   for i, g in enumerate(generators)]
+        staff = next(row['token'] for row in tokens if row['tier'] == 'staff')
+        races = [CancelRace([url], staff, stack.source, PHRASES) for url in stack.urls]
+        watch = Watch(LATE_SECONDS)
         sampler.start()
         while sampler.started is None:
             time.sleep(0.01)
         t0 = sampler.started
-        load_thread.start()
+        for thread in threads:
+            thread.start()
+        for race in races:
+            race.start()
+        watch.start()
 
         def at(fraction):
             time.sleep(max(0.0, t0 + fraction * args.seconds - time.monotonic()))
 
-        def elapsed():
-            return round(time.monotonic() - t0, 3)
+        def rel(moment):
+            return round(moment - t0, 3)
 
-        worker_pgids = lambda: {stack.children[f'worker-{q}'].pid: q for q in QUEUE_NAMES}  # noqa: E731
+        def say(name):
+            print(f'[soak] t={faults[name].get("t", 0):.1f}s {name}: {faults[name]}', flush=True)
+
+        def worker_groups():
+            return {child.pid for queue in QUEUE_NAMES for child in stack.lane_children(queue)}
 
         def running_call(queues=QUEUE_NAMES, timeout=8.0):
-            """A running call on one of `queues` whose worker pid is in a stack worker's group."""
+            """A running call on one of `queues` whose worker pid is a pool process of a stack node."""
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
                 for call in HeavyCall.objects.filter(state='running', queue__in=queues).exclude(worker=''):
-                    node, _, pid = call.worker.rpartition(' pid ')
+                    _, _, pid = call.worker.rpartition(' pid ')
                     try:
                         pid = int(pid)
                         pgid = os.getpgid(pid)
                     except (ValueError, ProcessLookupError):
                         continue
-                    if pgid in worker_pgids() and pid != pgid:
+                    if pgid in worker_groups() and pid != pgid:
                         return call, pid
                 time.sleep(0.05)
             return None, None
 
-        # Fault 1: SIGKILL the pool process running a call.
-        at(0.25)
+        def child_of(call):
+            """The node Child that runs `call` (from the row's `worker`, "<queue>@<letter>-<host> pid N")."""
+            node = call.worker.rpartition(' pid ')[0]
+            for name, prefix in stack.node_names(call.queue).items():
+                if node.startswith(prefix):
+                    return stack.children.get(name)
+            return None
+
+        def finished(call_id):
+            return HeavyCall.objects.filter(pk=call_id).exclude(state__in=('queued', 'running')).exists()
+
+        servers = {'lanes': stack.children['redis'].pid, 'broker': broker.pid}
+        stalls = []
+
+        def redis_stall(fraction, seconds, which):
+            at(fraction)
+            lanes = 'lanes' in which
+            stopped, resumed = stall({name: servers[name] for name in which}, seconds,
+                                     before=(lambda: (hung.set(), time.sleep(0.1))) if lanes else None,
+                                     after=(lambda: (time.sleep(0.1), hung.clear())) if lanes else None)
+            entry = {'seconds': seconds, 'redis': list(which), 'sigstop_t': rel(stopped), 'sigcont_t': rel(resumed)}
+            if lanes:
+                entry['fail_open_window'] = [rel(stopped - 0.2), rel(resumed + RETRY_SECONDS + WINDOW_MARGIN)]
+            stalls.append(entry)
+            print(f'[soak] t={entry["sigstop_t"]:.1f}s Redis stall: {entry}', flush=True)
+
+        # A duplicate message of a running call.
+        at(0.06)
+        faults['duplicate_message'] = {'t': rel(time.monotonic()), **duplicate_running(
+            broker_client, lambda call: call.queue, lambda timeout: running_call(timeout=timeout))}
+        say('duplicate_message')
+
+        # SIGKILL the pool process running a call.
+        at(0.12)
         call, pid = running_call()
+        faults['pool_kill'] = {'t': rel(time.monotonic()), 'call': call and call.pk}
         if call is not None:
             os.kill(pid, signal.SIGKILL)
-            faults['pool_kill'] = {'t': elapsed(), 'call': call.id, 'lane': call.queue, 'pid': pid,
-                                   'worker': call.worker}
-        else:
-            faults['pool_kill'] = {'t': elapsed(), 'call': None, 'note': 'no running call found in 8 s'}
-        print(f'[soak] t={faults["pool_kill"]["t"]:.1f}s pool kill: {faults["pool_kill"]}', flush=True)
+            faults['pool_kill'].update(lane=call.queue, pid=pid, worker=call.worker)
+        say('pool_kill')
 
-        # Fault 2: SIGKILL a whole lane worker node (prefer one running a bulk call), start it again.
-        at(0.40)
+        redis_stall(*STALLS[0])
+
+        # SIGKILL one of a (bulk, preferably busy) queue's two nodes, start it again 2 s later.
+        at(0.23)
         call, _ = running_call(BULK_QUEUES, timeout=5.0)
-        queue = call.queue if call is not None else 'es2_knn'
-        old = stack.children[f'worker-{queue}']
-        running_there = list(HeavyCall.objects.filter(state='running', queue=queue).values_list('id', flat=True))
+        old = (call and child_of(call)) or stack.lane_children('es2_knn')[0]
+        queue = next(q for q in QUEUE_NAMES if old in stack.lane_children(q))
+        running_there = list(HeavyCall.objects.filter(state='running', queue=queue, worker__startswith=stack.node_names(
+            queue)[old.name]).values_list('id', flat=True))
         old.signal_group(signal.SIGKILL)
-        killed_at = elapsed()
+        killed_at = rel(time.monotonic())
         old.process.wait(10)
         deadline = time.monotonic() + 10
         while old.group_alive() and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(2.0)
-        log_path = stack.logs / f'worker-{queue}-restarted.log'
+        log_path = stack.logs / f'{old.name}-restarted.log'
         new = Child(old.name, old.argv, log_path, ready=lambda: ' ready.' in tail(log_path, 400))
         stack._start(new)
         deadline = time.monotonic() + 60
         while not new.check_ready() and time.monotonic() < deadline and new.running():
             time.sleep(0.1)
-        faults['node_kill'] = {'t': killed_at, 'queue': queue, 'running_calls': running_there,
-                               'restarted_t': elapsed(), 'ready': new.is_ready}
-        print(f'[soak] t={killed_at:.1f}s node kill: {faults["node_kill"]}', flush=True)
+        faults['node_kill'] = {'t': killed_at, 'node': old.name, 'queue': queue, 'running_calls': running_there,
+                               'restarted_t': rel(time.monotonic()), 'ready': new.is_ready}
+        say('node_kill')
 
-        # Fault 3: hang the lanes Redis.
-        at(0.60)
-        redis_pid = stack.children['redis'].pid
-        hung.set()
-        time.sleep(0.1)  # the sampler's in-flight read ends before the stop
-        try:
-            os.kill(redis_pid, signal.SIGSTOP)
-            stopped = elapsed()
-            time.sleep(args.hang)
-        finally:
-            os.kill(redis_pid, signal.SIGCONT)
-        resumed = elapsed()
-        time.sleep(0.1)
-        hung.clear()
-        window = (stopped - 0.2, resumed + RETRY_SECONDS + WINDOW_MARGIN)
-        faults['redis_hang'] = {'sigstop_t': stopped, 'sigcont_t': resumed,
-                                'fail_open_window': [round(window[0], 3), round(window[1], 3)]}
-        print(f'[soak] t={stopped:.1f}s lanes Redis hang: {faults["redis_hang"]}', flush=True)
+        redis_stall(*STALLS[1])
 
-        load_thread.join()
-        load_done = elapsed()
-        report = reports['report']
-        # Drain: no message on the broker (plain or unacked), no call queued or running.
+        # A dropped ack: the broker stopped while a running es2_knn call ends.
+        at(0.37)
+        dropped = drop_ack(servers['broker'], lambda timeout: running_call(('es2_knn',), timeout),
+                           lambda call: (child := child_of(call)) and child.log_path, finished)
+        if dropped.get('stall'):
+            stopped, resumed = dropped.pop('stall')
+            dropped.update(sigstop_t=rel(stopped), sigcont_t=rel(resumed))
+            stalls.append({'seconds': round(resumed - stopped, 3), 'redis': ['broker'], 'sigstop_t': rel(stopped),
+                           'sigcont_t': rel(resumed), 'fault': 'dropped ack'})
+        faults['dropped_ack'] = {'t': dropped.get('sigstop_t', rel(time.monotonic())), **dropped}
+        say('dropped_ack')
+
+        redis_stall(*STALLS[2])
+
+        # FLUSHDB of the broker under queued calls.
+        at(0.55)
+        flushed = flush_broker(broker_client, lambda: list(HeavyCall.objects.filter(state='queued').values_list(
+            'pk', flat=True)))
+        faults['broker_flushed'] = {'t': rel(time.monotonic()), **flushed}
+        say('broker_flushed')
+
+        # The database read-only for a few seconds.
+        at(0.62)
+        start, end, ended = read_only_database(4.0)
+        faults['read_only_database'] = {'t': rel(start), 'end_t': rel(end), 'sessions_ended': ended}
+        say('read_only_database')
+
+        redis_stall(*STALLS[3])
+
+        at(0.95)
+        deadline = time.monotonic() + 60  # the races go on past the load until there were MIN_RACES of them
+        while sum(len(race.races) for race in races) < MIN_RACES and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for race in races:
+            race.stop()
+        for thread in threads:
+            thread.join()
+        load_done = rel(time.monotonic())
+        # Drain: no message on the broker (waiting or unacked), no call queued or running.
+        from workers import messages
         drain_deadline = time.monotonic() + args.drain_timeout
         drained = False
         while time.monotonic() < drain_deadline:
-            depths, unacked = broker_depths(broker_client)
-            if not any(depths.values()) and not unacked and not HeavyCall.objects.filter(
+            if not messages.present(QUEUE_NAMES, broker_client) and not HeavyCall.objects.filter(
                     state__in=('queued', 'running')).exists():
                 drained = True
                 break
             time.sleep(0.2)
-        drained_t = elapsed()
+        drained_t = rel(time.monotonic())
         time.sleep(LEASE_SECONDS + 1)
         sampler.stop()
+        leases_left = {key[len(tag):]: n for key, n in stack.in_flight().items() if n}
+        members_left = {key[len(tag):]: n for key in stack.lane_keys() if (n := stack.redis.zcard(key))}
+        probes = probe_pools(stack, staff, lanes_with_lost_acks(stack))
+        watch.stop()
+        return report(args, stack=stack, tag=tag, limit_of=limit_of, cfg=cfg, faults=faults, stalls=stalls,
+                      generators=generators, posts=posts, races=races, watch=watch, sampler=sampler,
+                      broker_client=broker_client, load_done=load_done, drained=drained, drained_t=drained_t,
+                      leases_left=leases_left, members_left=members_left, probes=probes, settings=SETTINGS,
+                      lease_seconds=LEASE_SECONDS, late_seconds=LATE_SECONDS, retry_seconds=RETRY_SECONDS)
 
-        # --- the checks' data --------------------------------------------------------------------------
-        unexpired = {key[len(tag):]: n for key, n in stack.in_flight().items() if n}
-        expired_members = {key[len(tag):]: n for key in stack.lane_keys() if (n := stack.redis.zcard(key))}
-        depths, unacked = broker_depths(broker_client)
-        rows = {row['id']: row for row in HeavyCall.objects.values(
-            'id', 'state', 'attempts', 'idempotency_key', 'queue', 'worker', 'lease_lost', 'error')}
-        states = Counter(row['state'] for row in rows.values())
-        not_final = [cid for cid, row in rows.items() if row['state'] not in FINAL]
-        result_ids = Counter(TaskResult.objects.values_list('task_id', flat=True))
-        results_twice = {tid: n for tid, n in result_ids.items() if n > 1}
-        dup_groups = list(TaskResult.objects.values('task_id').annotate(n=Count('id')).filter(n__gt=1)[:20])
-        results_orphan = [tid for tid in result_ids if tid not in rows]
-        succeeded_without_result = [cid for cid, row in rows.items()
-                                    if row['state'] == 'succeeded' and cid not in result_ids]
-        attempts = Counter(row['attempts'] for row in rows.values())
-        # Runs per call from the workers' `ocl_capacity` lines (this run's logs only).
-        ran = Counter()
-        for path in sorted(stack.logs.glob('worker-*.log')):
-            for text in path.read_text(errors='replace').splitlines():
-                if text.startswith('{') and '"ocl_capacity"' in text:
-                    try:
-                        record = json.loads(text)
-                    except ValueError:
-                        continue
-                    if record.get('event') == 'ocl_capacity' and record.get('state') == 'succeeded':
-                        ran[record.get('task_id')] += 1
-        ran_twice = {tid: n for tid, n in ran.items() if n > 1}
 
-        # Client side: every call in one bucket, consistent with the server.
-        calls = list(generator.ledger.calls)
-        outcomes = Counter(call.outcome for call in calls)
-        lost, mismatched, bad_refusals, unclear_errors = [], [], [], []
-        client_keys = set()
-        for call in calls:
-            client_keys.add(call.key)
-            seen = answers.get(call.key, [])
-            if call.outcome is None:
-                lost.append({'call': call.number, 'task': call.task_id})
-            elif call.outcome in ('refused', 'rate_limited'):
-                last = seen[-1] if seen else {}
-                if not (last.get('status') == 429 and (last.get('retry_after') or '').isdigit()
-                        and int(last['retry_after']) >= 1):
-                    bad_refusals.append({'call': call.number, 'answers': seen})
-            elif call.outcome == 'error':
-                if not call.reason:
-                    unclear_errors.append({'call': call.number})
-                if call.task_id and call.task_id in rows and rows[call.task_id]['state'] not in FINAL:
-                    mismatched.append({'call': call.number, 'task': call.task_id, 'client': 'error',
-                                       'server': rows[call.task_id]['state']})
-            else:
-                row = rows.get(call.task_id)
-                if row is None or row['state'] != call.outcome:
-                    mismatched.append({'call': call.number, 'task': call.task_id, 'client': call.outcome,
-                                       'server': row and row['state']})
-        admitted = [call for call in calls if call.task_id]
-        rows_without_client = [cid for cid, row in rows.items() if row['idempotency_key'] not in client_keys]
-        rows_per_key = Counter(row['idempotency_key'] for row in rows.values())
-        keys_twice = {key: n for key, n in rows_per_key.items() if n > 1}
-        decisions = Counter(call.decision for call in admitted)
-        error_reasons = Counter((call.reason or '')[:80] for call in calls if call.outcome == 'error')
+def lanes_with_lost_acks(stack):
+    """The lane queues of the nodes that say they lost an acknowledgement (acks_failed_total, published by
+    their reconcilers for /capacity/status/)."""
+    from workers.pool import read_pools
+    return [queue for queue in QUEUE_NAMES
+            if any(pool.get('acks_failed_total', 0) for pool in read_pools(stack.redis, queue).values())]
 
-    # --- in flight vs limits, outside the fail-open window ------------------------------------------------
-    lo, hi = window
-    maxima, maxima_in_window, violations, window_excess = Counter(), Counter(), [], []
-    for t, counts in sampler.samples:
-        inside = lo <= t <= hi
-        for key, count in counts.items():
-            lane = key[len(tag):]
-            limit = limit_of(key)
-            (maxima_in_window if inside else maxima)[lane] = max(
-                (maxima_in_window if inside else maxima)[lane], count)
-            if limit is not None and count > limit:
-                (window_excess if inside else violations).append({'t': t, 'lane': lane, 'count': count,
-                                                                  'limit': limit})
-    gaps = [b[0] - a[0] for a, b in zip(sampler.samples, sampler.samples[1:])]
-    checks = {
-        'no_leaked_leases': not unexpired,
-        'every_call_row_final': not not_final and drained,
-        'no_duplicate_results': not results_twice and not dup_groups and not results_orphan
-        and not succeeded_without_result and not keys_twice and not rows_without_client and not ran_twice,
-        'every_client_call_accounted': not lost and not mismatched and not bad_refusals and not unclear_errors,
-        'in_flight_within_limits_outside_fail_open': not violations and not sampler.error,
-        'queues_empty': not any(depths.values()) and not unacked,
-        'faults_applied': bool(faults['pool_kill'].get('call')) and faults['node_kill']['ready'],
-    }
 
-    # --- print ----------------------------------------------------------------------------------------
-    print()
-    print(f'Soak: {args.clients} clients for {args.seconds:g} s (tiny={args.terminology == "tiny"}), load done at '
-          f't={load_done:.1f}s, drained at t={drained_t:.1f}s ({"ok" if drained else "TIMED OUT"})')
-    print(f'faults: pool kill t={faults["pool_kill"]["t"]:.1f}s call {faults["pool_kill"].get("call")} '
-          f'({faults["pool_kill"].get("lane")}); node kill t={faults["node_kill"]["t"]:.1f}s '
-          f'{faults["node_kill"]["queue"]} ({len(faults["node_kill"]["running_calls"])} running), back at '
-          f't={faults["node_kill"]["restarted_t"]:.1f}s; lanes Redis SIGSTOP t={stopped:.1f}s .. SIGCONT '
-          f't={resumed:.1f}s; fail-open window {lo:.1f}..{hi:.1f}s')
-    print(f'client calls: {len(calls)} = ' + ', '.join(f'{n} {o}' for o, n in sorted(
-        outcomes.items(), key=lambda kv: str(kv[0]))) + f'; admitted {len(admitted)} (decisions {dict(decisions)})')
-    if error_reasons:
-        print(f'client errors by reason: {dict(error_reasons)}')
-    print(f'call rows: {len(rows)} by state {dict(states)}; attempts {dict(sorted(attempts.items()))}; '
-          f'lease_lost {sum(1 for r in rows.values() if r["lease_lost"])}')
-    print(f'task results: {sum(result_ids.values())} for {len(result_ids)} calls; twice {len(results_twice)}; '
-          f'without a row {len(results_orphan)}; succeeded without result {len(succeeded_without_result)}; '
-          f'calls that succeeded twice (worker log lines) {len(ran_twice)}')
-    print(f'samples: {len(sampler.samples)} (skipped in the hang {sampler.skipped}, unanswered {sampler.failed}), '
-          f'interval median {statistics.median(gaps) * 1000:.1f} ms, max {max(gaps) * 1000:.1f} ms')
-    print(f'{"lane":<24}{"max outside":>12}{"max in window":>15}{"limit":>7}{"bulk limit":>12}')
-    for lane in sorted(set(maxima) | set(maxima_in_window)):
-        limit = limit_of(tag + lane)
-        bulk = limit - reserve if lane.split(':')[0] in ('api_heavy', 'api_heavy_task', 'es2_knn') and limit else '-'
-        print(f'{lane:<24}{maxima.get(lane, 0):>12}{maxima_in_window.get(lane, 0):>15}'
-              f'{limit if limit is not None else "-":>7}{bulk:>12}')
-    print(f'leases after drain + {LEASE_SECONDS + 1} s: unexpired {unexpired or 0}; members left (expired, '
-          f'not yet pruned) {expired_members or 0}; broker depths {depths}, unacked {unacked}')
-    for name, ok in checks.items():
-        print(f'  {"PASS" if ok else "FAIL"} {name}')
-    for label, items in (('violations', violations), ('lost', lost), ('mismatched', mismatched),
-                         ('bad refusals', bad_refusals), ('rows not final', not_final),
-                         ('ran twice', ran_twice), ('rows without a client call', rows_without_client),
-                         ('excess inside the fail-open window', window_excess)):
-        if items:
-            print(f'  {label}: {list(items)[:5] if not isinstance(items, dict) else dict(list(items.items())[:5])}')
-    if sampler.error:
-        print(f'  the sampler failed: {sampler.error}')
+def probe_pools(stack, token, queues, timeout=90):
+    """For each of `queues`: send as many long calls as its pool has processes and see how many run at
+    once, from the rows' start and end (they must all: no prefetch slot lost). {queue: {pool, at_once, ...}}."""
+    import requests
 
-    write('soak', {
-        'clients': args.clients, 'seconds': args.seconds, 'terminology': args.terminology,
-        'settings': {'CAPACITY_REDIS_DEADLINE_SECONDS': DEADLINE_SECONDS, 'CAPACITY_REDIS_RETRY_SECONDS':
-                     RETRY_SECONDS, 'CELERY_VISIBILITY_TIMEOUT': VISIBILITY_SECONDS, 'lease_seconds': LEASE_SECONDS,
-                     'renew_seconds': RENEW_SECONDS, 'broker': 'separate redis-server'},
-        'faults': faults, 'fail_open_window': [round(lo, 3), round(hi, 3)],
-        'load_done_t': load_done, 'drained_t': drained_t, 'drained': drained,
-        'client': {'calls': len(calls), 'outcomes': {str(k): v for k, v in outcomes.items()},
-                   'admitted': len(admitted), 'decisions': {str(k): v for k, v in decisions.items()},
-                   'errors_by_reason': dict(error_reasons), 'lost': lost, 'mismatched': mismatched[:20],
-                   'bad_refusals': bad_refusals[:20]},
-        'rows': {'count': len(rows), 'states': dict(states), 'not_final': not_final[:20],
-                 'attempts': {str(k): v for k, v in attempts.items()},
-                 'without_client_call': rows_without_client[:20], 'idempotency_keys_twice': keys_twice},
-        'results': {'count': sum(result_ids.values()), 'twice': results_twice, 'without_row': results_orphan[:20],
-                    'succeeded_without_result': succeeded_without_result[:20], 'succeeded_runs_twice': ran_twice},
-        'samples': len(sampler.samples), 'samples_skipped_in_hang': sampler.skipped,
-        'samples_unanswered': sampler.failed,
-        'sample_interval_ms': {'median': round(statistics.median(gaps) * 1000, 1),
-                               'max': round(max(gaps) * 1000, 1)},
-        'max_in_flight': {lane: {'outside_window': maxima.get(lane, 0), 'in_window': maxima_in_window.get(lane, 0),
-                                 'limit': limit_of(tag + lane)} for lane in sorted(set(maxima) | set(maxima_in_window))},
-        'violations': violations[:20], 'excess_in_window': window_excess[:20],
-        'leases_unexpired': unexpired, 'leases_members_left': expired_members,
-        'queues': {'depths': depths, 'unacked': unacked}, 'checks': checks,
-    })
-    return all(checks.values())
+    from workers.models import HeavyCall
+    from workers.pool import read_pools
+    rows = [{'name': f'high blood pressure with chest pain and fever, probe {i}'} for i in range(1000)]
+    params = {'interactive': {'semantic': 'true'}, 'es2_knn': {'semantic': 'true', 'reranker': 'true', 'limit': '100'},
+              'api_heavy': {'reranker': 'true', 'limit': '100'}}
+    out = {}
+    for queue in queues:
+        pool = consuming_pools({queue: read_pools(stack.redis, queue)})[queue]
+        body_rows = rows[:1] if queue == 'interactive' else rows
+        ids = []
+        for n in range(pool):
+            response = requests.post(f'{stack.urls[n % len(stack.urls)]}/concepts/$match/', params=params[queue],
+                                     json={'rows': [{'name': f'{body_rows[0]["name"]} {queue} {n}'}] + body_rows[1:],
+                                           'target_repo_url': stack.source},
+                                     headers={'Authorization': f'Token {token}', 'Prefer': 'respond-async'},
+                                     timeout=30)
+            if response.status_code == 202:
+                ids.append(response.json()['id'])
+        deadline = time.monotonic() + timeout
+        while ids and time.monotonic() < deadline and HeavyCall.objects.filter(pk__in=ids).filter(
+                state__in=('queued', 'running')).exists():
+            time.sleep(0.1)
+        spans = list(HeavyCall.objects.filter(pk__in=ids).values_list('state', 'started_at', 'finished_at'))
+        # How many ran at once: the most runs whose [started_at, finished_at] hold one moment.
+        at_once = max((sum(1 for _, s, f in spans if s and f and s <= start < f) for _, start, _ in spans if start),
+                      default=0)
+        out[queue] = {'pool': pool, 'sent': len(ids), 'at_once': at_once, 'states': [state for state, _, _ in spans],
+                      'ids': ids}
+    return out
 
 
 if __name__ == '__main__':

@@ -1,5 +1,6 @@
-"""The soak's sampler: every lane's in-flight count, read from the lanes Redis every SAMPLE_SECONDS, so the
-soak can tell over-admission from the fail-open window (bench/soak.py)."""
+"""The soak's samplers (bench/soak.py): every lane's in-flight count, read from the lanes Redis every
+SAMPLE_SECONDS, so the soak can tell over-admission from the fail-open windows; and a watch on the rows for
+calls left queued past their deadline."""
 import threading
 import time
 
@@ -56,4 +57,39 @@ class Sampler(threading.Thread):
 
     def stop(self):
         self.stop_event.set()
+        self.join(5)
+
+
+class Watch(threading.Thread):
+    """Every second: any call still `queued` `late_seconds` past its deadline (one the sweep missed)."""
+
+    def __init__(self, late_seconds):
+        super().__init__(name='soak-watch', daemon=True)
+        self.late_seconds = late_seconds
+        self.stopping = threading.Event()
+        self.late = {}  # call id -> (expires_at, seen at)
+        self.errors = 0
+
+    def run(self):
+        from datetime import timedelta
+
+        from django.db import connection
+        from django.utils import timezone
+
+        from workers.models import HeavyCall
+        try:
+            while not self.stopping.wait(1.0):
+                try:
+                    cutoff = timezone.now() - timedelta(seconds=self.late_seconds)
+                    for pk, expires in HeavyCall.objects.filter(state='queued', expires_at__lt=cutoff).values_list(
+                            'pk', 'expires_at'):
+                        self.late.setdefault(pk, (expires.isoformat(), timezone.now().isoformat()))
+                except Exception:  # noqa: BLE001 - a database fault: look again in a second
+                    self.errors += 1
+                    connection.close()
+        finally:
+            connection.close()
+
+    def stop(self):
+        self.stopping.set()
         self.join(5)

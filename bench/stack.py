@@ -8,9 +8,14 @@ What it starts, each child the leader of its own process group (logs in bench/ou
 2. its own PostgreSQL database (`heavy_lanes_bench` on 127.0.0.1:5432, trust auth, user postgres), dropped
    and created anew, then `migrate`, `load_terminology <name>`, `create_demo_users` (in a child process);
 3. gunicorn `api.wsgi` with N gthread workers (api/gunicorn_config.py) on a free port (access log on, as in
-   production), and
+   production); with `api_servers=2`, two such gunicorn servers, each on its own port and its own API host
+   (CAPACITY_TASK_ID `api-a`, `api-b`: its own `api_heavy_task` lane and waiting cap), as two API machines
+   behind a balancer would be;
 4. one Celery worker per lane queue (`celery -A workers worker -Q <queue> -n <queue>@%h -P prefork -c 1`),
-   whose pool the workers' own reconciler then sizes from the capacity config.
+   whose pool the workers' own reconciler then sizes from the capacity config; with `nodes_per_lane=2`,
+   two per queue (`<queue>@a-%h`, `<queue>@b-%h`), over which the reconcilers split the lane's pool;
+5. with `maintenance=True`, Celery beat and the maintenance worker as `make run` starts them
+   (devstack.services), so the sweep (workers/sweep.py) runs every WORKERS_SWEEP_SECONDS (set it in `env`).
 
 Settings are production-like where they matter for speed: DEBUG off, persistent database connections
 (DATABASE_CONN_MAX_AGE=60, as docker-compose sets). Two are changed for the benchmarks and stated in
@@ -47,6 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.helpers import lane_limits  # noqa: E402
+from devstack import services  # noqa: E402  (no Django)
 from devstack.processes import Child, free_port, http_get, pids, stop_children, tail  # noqa: E402  (no Django)
 from devstack.redis_server import RedisStartError, start_redis  # noqa: E402
 from workers.lanes import QUEUE_NAMES  # noqa: E402  (the queue table, no Django)
@@ -57,6 +63,7 @@ DB_NAME = os.environ.get('BENCH_DB_NAME', 'heavy_lanes_bench')
 SOURCES = {'hpo': '/orgs/HPO/sources/HPO/', 'tiny': '/orgs/HL/sources/TinyClinical/'}
 NO_WARM_RESULTS = {'cache': {'ttl_seconds': 0}}  # a benchmark measures runs, not an earlier call's result
 READY_SECONDS = 120
+NODE_LETTERS = 'abcdefgh'  # the API servers' and a lane's worker nodes' names, in order
 CONFIG_SECONDS = 1  # CAPACITY_CONFIG_CACHE_SECONDS and WORKERS_RECONCILE_SECONDS of the stack
 
 
@@ -76,11 +83,16 @@ def _admin(sql):
 
 class Stack:
     def __init__(self, api_workers=3, lanes=None, terminology='hpo', config=None, env=None,
-                 bench_views=True, quiet=False):
+                 bench_views=True, quiet=False, api_servers=1, nodes_per_lane=1, maintenance=False):
         """`lanes`: {queue: pool size} of the lane workers to start (default: one worker per queue, pools
         from the default config); `config`: capacity config changes saved before anything starts, over
-        NO_WARM_RESULTS (a `cache` key of its own replaces that)."""
+        NO_WARM_RESULTS (a `cache` key of its own replaces that); `api_servers`, `nodes_per_lane`,
+        `maintenance`: see the module docstring (the defaults start one of each, no beat)."""
         self.api_workers = api_workers
+        self.api_servers = api_servers
+        self.nodes_per_lane = nodes_per_lane
+        self.maintenance = maintenance
+        self.ports = []
         self.lanes = dict(lanes) if lanes is not None else {queue: None for queue in QUEUE_NAMES}
         self.terminology = terminology
         self.initial_config = {**NO_WARM_RESULTS, **(config or {})}
@@ -104,6 +116,22 @@ class Stack:
     @property
     def url(self):
         return f'http://127.0.0.1:{self.port}'
+
+    @property
+    def urls(self):
+        """Every API server's URL (one unless `api_servers`)."""
+        return [f'http://127.0.0.1:{port}' for port in self.ports]
+
+    def lane_children(self, queue):
+        """The worker nodes (Child) of a lane queue: `worker-<queue>`, or `worker-<queue>-a`, `-b`, ..."""
+        return [child for name, child in self.children.items()
+                if name == f'worker-{queue}' or name.startswith(f'worker-{queue}-')]
+
+    def node_names(self, queue):
+        """The Celery node name (prefix before the host) of each node child of `queue`: {child name: prefix}."""
+        if self.nodes_per_lane == 1:
+            return {f'worker-{queue}': f'{queue}@'}
+        return {f'worker-{queue}-{letter}': f'{queue}@{letter}-' for letter in NODE_LETTERS[:self.nodes_per_lane]}
 
     @property
     def source(self):
@@ -147,12 +175,17 @@ class Stack:
             self.set_config(wait=False, **self.initial_config)
             self._start_api()
             self._start_workers()
+            if self.maintenance:
+                self._start(services.maintenance_worker(self.logs))
+                self._start(services.beat(self.logs, self.var))
             self._wait_ready()
         except BaseException:
             self.stop()
             raise
         self.timings['start_seconds'] = round(time.monotonic() - started, 1)
-        self.say(f'ready in {self.timings["start_seconds"]} s: API {self.url} ({self.api_workers} gthread workers), '
+        servers = f'{len(self.urls)} servers ' if len(self.urls) > 1 else ''
+        self.say(f'ready in {self.timings["start_seconds"]} s: API {", ".join(self.urls)} ({servers}'
+                 f'{self.api_workers} gthread workers each), '
                  f'Redis {self.redis_url}, database {DB_NAME}, lanes {self.pools()}')
         return self
 
@@ -366,22 +399,28 @@ class Stack:
                  f'({", ".join(line[4:] for line in tail(child.log_path, 10).splitlines() if line.startswith("---"))})')
 
     def _start_api(self):
-        self._start(Child('api', [
-            sys.executable, '-m', 'gunicorn', '-c', 'python:api.gunicorn_config', 'api.wsgi:application',
-            '--bind', f'127.0.0.1:{self.port}', '--workers', str(self.api_workers), '--graceful-timeout', '5',
-            '--access-logfile', str(self.logs / 'access.log'), '--log-level', 'warning',
-        ], self.logs / 'api.log', ready=lambda: http_get(f'{self.url}/healthz')[0] == 200))
+        self.ports = [self.port] + [free_port() for _ in range(self.api_servers - 1)]
+        for index, port in enumerate(self.ports):
+            name = 'api' if index == 0 else f'api-{NODE_LETTERS[index]}'
+            host = {'CAPACITY_TASK_ID': f'api-{NODE_LETTERS[index]}'} if self.api_servers > 1 else {}
+            self._start(Child(name, [
+                sys.executable, '-m', 'gunicorn', '-c', 'python:api.gunicorn_config', 'api.wsgi:application',
+                '--bind', f'127.0.0.1:{port}', '--workers', str(self.api_workers), '--graceful-timeout', '5',
+                '--access-logfile', str(self.logs / f'{name.replace("api", "access")}.log'), '--log-level', 'warning',
+            ], self.logs / f'{name}.log', env=host,
+                ready=lambda port=port: http_get(f'http://127.0.0.1:{port}/healthz')[0] == 200))
 
     def _start_workers(self):
         if any(size is not None for size in self.lanes.values()):
             self.set_config(wait=False, **lane_limits(self.lanes))
         for queue in self.lanes:
-            log_path = self.logs / f'worker-{queue}.log'
-            self._start(Child(f'worker-{queue}', [
-                sys.executable, '-m', 'celery', '-A', 'workers', 'worker', '-Q', queue, '-n', f'{queue}@%h',
-                '-P', 'prefork', '-c', '1', '-l', 'INFO', '--without-mingle', '--without-gossip',
-                '--include', 'api.bench_views',
-            ], log_path, ready=lambda log_path=log_path: ' ready.' in tail(log_path, 400)))
+            for name, node in self.node_names(queue).items():
+                log_path = self.logs / f'{name}.log'
+                self._start(Child(name, [
+                    sys.executable, '-m', 'celery', '-A', 'workers', 'worker', '-Q', queue, '-n', f'{node}%h',
+                    '-P', 'prefork', '-c', '1', '-l', 'INFO', '--without-mingle', '--without-gossip',
+                    '--include', 'api.bench_views',
+                ], log_path, ready=lambda log_path=log_path: ' ready.' in tail(log_path, 400)))
 
     def _wait_ready(self):
         deadline = time.monotonic() + READY_SECONDS

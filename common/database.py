@@ -5,3 +5,46 @@ from django.db import InterfaceError, InternalError, OperationalError
 # PostgreSQL's disk full is OperationalError and a read-only transaction InternalError; a lost connection
 # is InterfaceError or OperationalError. An IntegrityError or a ProgrammingError is a bug or a race, not this.
 DATABASE_DOWN = (OperationalError, InternalError, InterfaceError)
+
+
+def drop_broken_connections():
+    """Close this thread's database connections that failed and can't be used any more (ended by the server:
+    a restart, a failover, an administrator), as Django does before and after each request; the next query
+    opens a new one. A worker keeps its connection from task to task (CELERY_DB_REUSE_MAX), and Celery then
+    never looks at it: one ended by the server failed every later task of the process."""
+    from django.db import connections
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is None or not conn.errors_occurred:
+            continue
+        if conn.is_usable():
+            conn.errors_occurred = False
+        else:
+            conn.close()
+
+
+_inherited = []  # connections a forked process found from its parent: kept, never closed (see below)
+
+
+def forget_inherited_connections():
+    """In a process just forked from a worker: let go of every database connection of the parent without
+    a byte on its socket, so that the first query opens this process's own. Celery's fixup does this too,
+    but it stops at a connection psycopg finds lost ('the connection is lost' while reading its fileno),
+    and the pool process then went on with its parent's session: two processes on one PostgreSQL session,
+    a transaction of one left open with its row locks, and every write to those rows waiting behind it.
+    The fd is closed when it can be read; the connection object is kept alive so that its finalizer never
+    sends a Terminate on a socket that is the parent's (or, once closed, someone else's)."""
+    import os
+
+    from django.db import connections
+    for conn in connections.all(initialized_only=True):
+        inherited = conn.connection
+        if inherited is None:
+            continue
+        _inherited.append(inherited)
+        try:
+            os.close(inherited.fileno())
+        except Exception:  # noqa: BLE001 - lost already: nothing of ours to close
+            pass
+        conn.connection = None
+        conn.in_atomic_block = conn.needs_rollback = conn.closed_in_transaction = conn.errors_occurred = False
+        conn.savepoint_ids = []

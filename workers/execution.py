@@ -143,16 +143,30 @@ def run_loaded(call, perform, node, soft_limit):
         with terminate_deferred() as ending:
             ran = ran_for(call, began)
             error = describe(ex, soft_limit or config['max_hold_seconds'])
-            recorded = lifecycle.fail(call, error, worker=worker)
+            recorded = record(heartbeat, lifecycle.fail, call, error, worker=worker)
             ending.cancelled = not recorded
             end(call, worker, lease, heartbeat, recorded=recorded, ran=ran)
         raise
     with terminate_deferred() as ending:
         ran = ran_for(call, began)
-        recorded = lifecycle.succeed(call, result, worker=worker)
+        recorded = record(heartbeat, lifecycle.succeed, call, result, worker=worker)
         ending.cancelled = not recorded
         end(call, worker, lease, heartbeat, recorded=recorded, ran=ran)
     return result
+
+
+def record(heartbeat, write, *args, **kwargs):
+    """Record the call's end with `write`. When that fails (the database refused it: the task sends its
+    message again), stop the heartbeat first: the work is over, and a row still beaten would make every
+    later delivery of the call wait for a live worker (Busy) until max_hold_seconds. The leases are left
+    as they are: they expire lease_seconds after the last renewal, and the delivery that takes over the
+    call once its heartbeat is stale retakes them."""
+    try:
+        return write(*args, **kwargs)
+    except BaseException:
+        if heartbeat is not None:
+            heartbeat.stop()
+        raise
 
 
 class Ending:

@@ -46,20 +46,31 @@ class Sizing:
         self.settled = None  # the pool size last settled: what an own resize left, or a hand one adopted
         self.expected = None  # the size an own resize asked for, while it hasn't landed
         self.ticks = 0       # intervals the own resize has been pending
+        self.missed = None   # the size an own resize asked for and never got (a shrink with every process busy)
 
     def asked(self, size):
-        self.expected, self.ticks = size, 0
+        self.expected, self.ticks, self.missed = size, 0, None
 
     def observe(self, processes):
         """Return the hand change (processes - settled) seen now, or 0; settle an own resize that landed."""
         if self.expected is not None:
             self.ticks += 1
             if processes == self.expected or self.ticks >= PENDING_TICKS:
+                self.missed = None if processes == self.expected else self.expected
                 self.settled, self.expected = processes, None
             return 0
         if self.settled is None:
             self.settled = processes
+        if processes != self.settled:
+            self.missed = None  # a hand resize: the reconciler adopts it, it doesn't undo it
         return processes - self.settled
+
+    def retry(self, share, processes):
+        """Whether to ask for `share` again: an own resize to it was settled without landing, and nothing
+        changed the pool since. Celery refuses a shrink while every process is busy, and a pool left bigger
+        than its share (after a stall made each node think it was alone) would run more calls at once
+        than the lane's pool, for good."""
+        return share > 0 and self.missed == share and processes == self.settled
 
 
 # Held while the reconciler reads the config, and taken by every fork of this process (pool_grow forks a
@@ -158,7 +169,7 @@ class PoolReconciler(threading.Thread):
                 if adopted:
                     self.applied.pop(queue, None)
             share = share_of(lanes.get_queue(queue).pool_size(config), nodes, self.hostname)
-            if self.applied.get(queue) != share:
+            if self.applied.get(queue) != share or self.sizing[queue].retry(share, self.processes()):
                 self.apply(queue, share)
                 self.applied[queue] = share
             self.publish(queue, share, config)

@@ -9,7 +9,10 @@ these handlers runs, or is even registered, outside a worker.
   limit — the call ends `failed` saying so and its leases are freed (lifecycle.time_out); the message is
   acknowledged by Celery (acks_on_timeout), so it is not delivered again;
 - `task_prerun`, `task_postrun`: bind the call's request id (a header of its message) while it runs, in the
-  pool process, so every log line of it carries the id (common.jsonlog);
+  pool process, so every log line of it carries the id (common.jsonlog); before a task, drop a database
+  connection that failed and is gone (common.database.drop_broken_connections), as `task_revoked` and
+  `task_failure` do in the main process; `worker_process_init`: a new pool process lets go of its
+  parent's connections without touching them (common.database.forget_inherited_connections);
 - `celeryd_after_setup`, `worker_ready`, `worker_shutdown`: don't consume a paused queue at start, load the
   match indexes before the pool forks (concepts.services.warm), and start and stop the node's pool
   reconciler (workers.pool).
@@ -23,11 +26,13 @@ import time
 
 from celery.exceptions import TimeLimitExceeded
 from celery.signals import (
-    celeryd_after_setup, task_failure, task_postrun, task_prerun, task_revoked, worker_ready, worker_shutdown,
+    celeryd_after_setup, task_failure, task_postrun, task_prerun, task_revoked, worker_process_init, worker_ready,
+    worker_shutdown,
 )
 from celery.worker import heartbeat
 
 from capacity.config import get_config
+from common.database import drop_broken_connections, forget_inherited_connections
 from django.db import connection
 
 from common import request_id
@@ -64,6 +69,7 @@ def end_revoked(request=None, terminated=False, expired=False, **kwargs):
     if not call_id:
         return
     try:
+        drop_broken_connections()  # the main process's own connection: no task_prerun runs here
         if terminated:
             release_when_gone(call_id)
         else:
@@ -134,6 +140,16 @@ def _stopped_once_gone(call_id, pid, seconds):
 _bound = []  # the request id bound by task_prerun in this pool process (one task at a time)
 
 
+@worker_process_init.connect
+def forget_parent_database_connections(**kwargs):
+    forget_inherited_connections()
+
+
+@task_prerun.connect
+def drop_broken_database_connections(**kwargs):
+    drop_broken_connections()
+
+
 @task_prerun.connect
 def bind_request_id(task=None, **kwargs):
     _bound.append(request_id.bind(getattr(getattr(task, 'request', None), 'request_id', None)))
@@ -153,6 +169,7 @@ def end_timed_out(task_id=None, exception=None, **kwargs):
         return
     seconds = exception.args[0] if exception.args else '?'
     try:
+        drop_broken_connections()
         lifecycle.time_out(task_id, seconds, _node[0] if _node else '')
     except Exception:  # noqa: BLE001 - never break the worker's main loop; the leases expire on their own
         logger.exception('Could not end timed-out heavy call %s', task_id)

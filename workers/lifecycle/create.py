@@ -6,13 +6,19 @@ from workers import publisher
 from workers.celery import TASK_NAME, app
 
 
-def send(call):
+def send(call, expires=True):
     """Publish the call's message on its queue, expiring at its queue deadline, with the time limits of the
     config in force, within the publish deadline (workers.publisher). By task name: the API never imports
-    the tasks module, and so none of the workers' signal handlers."""
+    the tasks module, and so none of the workers' signal handlers.
+
+    `expires=False` for a call that already started (sent again to take over from a worker that is gone):
+    the queue deadline bounds the wait for a first start, and a worker discards a message past its
+    `expires` unread, so a takeover after the deadline would never happen and the call would stay
+    `running` on nobody."""
     limits = time_limits(get_config())
     publisher.publish(app.send_task, TASK_NAME, args=[call.pk], task_id=call.pk, queue=call.queue,
-                      expires=call.expires_at, priority=call.priority, soft_time_limit=limits.soft,
+                      expires=call.expires_at if expires else None, priority=call.priority,
+                      soft_time_limit=limits.soft,
                       time_limit=limits.hard, headers={'request_id': call.request_id or None})
 
 

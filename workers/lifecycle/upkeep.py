@@ -48,7 +48,7 @@ def redeliver(call, stale_seconds, now=None):
     elif fresh.state != State.RUNNING or (fresh.heartbeat_at is not None and
                                           fresh.heartbeat_at >= now - timedelta(seconds=stale_seconds)):
         return False
-    send(fresh)
+    send(fresh, expires=fresh.state == State.QUEUED)
     logger.warning('Heavy call %s (%s) had no message on the broker; published it again', fresh.pk,
                    fresh.state)
     return True

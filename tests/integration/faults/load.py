@@ -108,7 +108,10 @@ def capacity_lines(processes):
     for process in processes:
         for text in process.output().splitlines():
             if text.startswith('{') and '"ocl_capacity"' in text:
-                record = json.loads(text)
+                try:
+                    record = json.loads(text)
+                except ValueError:
+                    continue  # half a line: its process was killed while writing it
                 if record.get('event') == 'ocl_capacity':
                     lines.append(record)
     return lines

@@ -4,7 +4,6 @@ the real stack (gunicorn, two prefork lane worker nodes of one process each, the
 redis-server). Whether the copy arrives before the call starts (the two nodes take one copy each), while
 it runs (the other node takes the copy), or after it ended, the call runs once: one worker claim
 (attempts 1), one result, one log line of its end, and no lease left."""
-import json
 import re
 
 import pytest
@@ -12,6 +11,7 @@ import requests
 from django_celery_results.models import TaskResult
 
 from tests.integration.calls import distinct
+from tests.integration.faults.inject import push_copy, taken_entry, waiting_entry
 from tests.integration.faults.load import capacity_lines
 from tests.integration.workers.conftest import wait_until
 from tests.integration.workers.test_queue import LONG_ROWS, ROWS
@@ -27,23 +27,6 @@ def post(url, token, source, rows, **params):
         'Authorization': f'Token {token}', 'Prefer': 'respond-async'}, timeout=30)
     assert response.status_code == 202, response.content
     return response.json()['id']
-
-
-def waiting_entry(broker, call_id):
-    """(list name, raw entry) of the call's message waiting on the broker."""
-    for name in messages.lists('es2_knn'):
-        for raw in broker.lrange(name, 0, -1):
-            if messages.message_id(raw) == call_id:
-                return name, raw
-    return None
-
-
-def taken_entry(broker, call_id):
-    """The raw message of the call that a worker took and hasn't acknowledged (kombu's `unacked` hash)."""
-    for raw in broker.hvals(messages.prefix() + messages.UNACKED):
-        if messages.unacked_id(raw) == call_id:
-            return json.dumps(json.loads(raw)[0])
-    return None
 
 
 def deliveries(workers, call_id, what='received|succeeded|retry'):
@@ -89,7 +72,7 @@ def test_a_duplicate_message_runs_its_call_once_before_while_and_after_it_runs(
     wait_until(lambda: HeavyCall.objects.get(pk=running).state == 'running', timeout=60, interval=0.02,
                message='the long call to run')
     taken = wait_until(lambda: taken_entry(broker, running), timeout=10, interval=0.02, message='its message')
-    broker.lpush(messages.lists('es2_knn')[0], taken)
+    push_copy(broker, taken, 'es2_knn')
     wait_until(lambda: deliveries(workers, running)['retry'] == 1, timeout=10, interval=0.02,
                message='the copy to meet the call running on the other node')
     assert HeavyCall.objects.get(pk=running).state == 'running'

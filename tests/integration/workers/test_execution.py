@@ -236,3 +236,23 @@ def test_a_cancel_whose_revoke_never_reached_the_worker_stops_the_work_at_its_ne
     assert call.state == 'cancelled' and call.heartbeat_at is None and lifecycle.result(call) is None
     assert scores(lanes, call) == [None] * len(keys(call))
     assert lines.call_args.args[0]['state'] == 'cancelled'
+
+
+def test_a_call_whose_end_cant_be_recorded_stops_its_heartbeat(make_user, lanes, lines):
+    # The database refused the end (the task sends its message again): no heartbeat may go on beating the
+    # row for a run that is over, or every later delivery waits for a live worker until max_hold_seconds.
+    from django.db import OperationalError
+    call = admitted(make_user())
+    heartbeats = []
+    real = execution.start_heartbeat
+
+    def spy(*args, **kwargs):
+        heartbeats.append(real(*args, **kwargs))
+        return heartbeats[-1]
+    with mock.patch.object(execution, 'start_heartbeat', spy), \
+            mock.patch.object(lifecycle, 'succeed', side_effect=OperationalError('the connection is closed')):
+        with pytest.raises(OperationalError):
+            execution.run(call.pk, perform=lambda row: {})
+    heartbeats[0].join(2)
+    assert not heartbeats[0].is_alive()
+    assert HeavyCall.objects.get(pk=call.pk).state == 'running'  # for the delivery that takes it over

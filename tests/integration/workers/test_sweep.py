@@ -78,3 +78,24 @@ def test_a_running_call_with_a_dead_worker_is_sent_again_only_when_its_message_i
     HeavyCall.objects.filter(pk=call_id).update(heartbeat_at=timezone.now())
     lose_messages(broker, 'es2_knn')
     assert sweep.sweep(grace_seconds=0).resent == []  # a live worker's call is never sent again
+
+
+def test_a_running_call_with_a_dead_worker_past_its_queue_deadline_is_taken_over_and_ends(
+        broker, start_worker, tiny_source, make_user, api_as, configure, lanes_redis):
+    # Its message sent again by the sweep must not expire at the queue deadline (a worker discards an
+    # expired message unread): the call would stay `running` on nobody, sent again every sweep.
+    configure(es2_knn=1)  # paused: nothing takes the first message
+    client = api_as(make_user())
+    call_id = submit(client, tiny_source).json()['id']
+    lose_messages(broker, 'es2_knn')  # its worker took it and died, and the broker lost it
+    past = timezone.now() - timedelta(seconds=120)
+    HeavyCall.objects.filter(pk=call_id).update(state='running', worker='gone@host pid 1', started_at=past,
+                                                heartbeat_at=past, expires_at=past, attempts=1)
+
+    assert sweep.sweep(grace_seconds=0).resent == [call_id]
+    raw = next(raw for name in messages.lists('es2_knn') for raw in broker.lrange(name, 0, -1))
+    assert json.loads(raw)['headers']['expires'] is None
+    start_worker(name='knn', queues=('es2_knn',))
+    configure(es2_knn=3)
+    assert poll(client, call_id, timeout=30).json()['state'] == 'succeeded'
+    assert HeavyCall.objects.get(pk=call_id).attempts == 2  # taken over

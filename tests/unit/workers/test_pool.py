@@ -21,3 +21,28 @@ def test_an_own_resize_that_never_lands_is_settled_as_it_is_and_not_taken_for_a_
     for _ in range(PENDING_TICKS):
         assert sizing.observe(2) == 0
     assert sizing.settled == 2 and sizing.observe(2) == 0
+
+
+def test_an_own_shrink_that_never_landed_is_asked_again_until_it_does():
+    sizing = Sizing()
+    sizing.observe(2)
+    sizing.asked(1)                        # every process busy: Celery refuses the shrink
+    for _ in range(PENDING_TICKS):
+        sizing.observe(2)
+    assert sizing.retry(1, 2)              # settled as it is, so ask again
+    sizing.asked(1)
+    assert not sizing.retry(1, 2)          # pending again
+    for _ in range(2):
+        sizing.observe(1 if _ else 2)      # landed
+    assert not sizing.retry(1, 1) and sizing.settled == 1
+
+
+def test_a_hand_resize_after_a_missed_shrink_is_not_undone():
+    sizing = Sizing()
+    sizing.observe(2)
+    sizing.asked(1)
+    for _ in range(PENDING_TICKS):
+        sizing.observe(2)
+    assert sizing.observe(3) == 1          # a hand grow
+    sizing.settled = 3                     # adopted
+    assert not sizing.retry(1, 3)
