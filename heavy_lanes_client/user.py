@@ -60,13 +60,19 @@ class User:
     def _rows(self, kind):
         return 1 if kind == 'single' else self.plan.bulk_rows
 
-    def _send(self, client, kind, rng, key):
+    def _draw(self, kind, rng):
+        """One call's inputs: (rerank query or None, row names). Drawn once per call: a resend with the same
+        Idempotency-Key must carry the same body (another one is a 422)."""
         count = self._rows(kind)
         names = rng.sample(PHRASES, min(count, len(PHRASES)))
         names += [rng.choice(PHRASES) for _ in range(count - len(names))]
+        return (rng.choice(PHRASES) if kind == 'rerank' else None), names
+
+    def _send(self, client, kind, drawn, key):
+        query, names = drawn
         wait = self._first_wait()
         if kind == 'rerank':
-            return client.submit_rerank(rng.choice(PHRASES), names, idempotency_key=key, wait=wait)
+            return client.submit_rerank(query, names, idempotency_key=key, wait=wait)
         return client.submit_match(names, self.source, semantic=kind in ('single', 'bulk'),
                                    reranker=kind == 'bulk-rerank', limit=5, idempotency_key=key, wait=wait)
 
@@ -81,10 +87,11 @@ class User:
         call = self.ledger.open(user=self.number, tier=self.account.tier, kind=kind, rows=self._rows(kind),
                                 started=self.clock(), key=f'load-{uuid.uuid4().hex}')
         handle = None
+        drawn = self._draw(kind, rng)
         for attempt in range(1, MAX_SENDS + 1):
             self.ledger.sent(call)
             try:
-                handle = self._send(client, kind, rng, call.key)
+                handle = self._send(client, kind, drawn, call.key)
                 break
             except errors.Refused as ex:
                 self.ledger.answered(call, ex.status, ex.capacity)

@@ -7,7 +7,7 @@ from heavy_lanes_client.cli import main
 from heavy_lanes_client.load import LoadGenerator
 from heavy_lanes_client.load_plan import Account, LoadPlan
 from heavy_lanes_client.load_report import format_load_report
-from tests.unit.client.fake_api import Trickle
+from tests.unit.client.fake_api import Error, Trickle
 
 SOURCE = '/orgs/HPO/sources/HPO/'
 
@@ -49,6 +49,21 @@ def test_every_call_is_accounted_for_by_tier_and_the_lanes_are_sampled(api):
     assert set(client_lanes) <= set(api.max_open_lane) and all(value >= 1 for value in client_lanes.values())
     text = format_load_report(report)
     assert 'none lost' in text and 'Largest in flight per lane (server' in text
+
+
+def test_a_call_sent_again_after_a_503_carries_the_same_key_and_the_same_body(api):
+    api.script.extend([Error(status=503)] * 3)  # the first sends fail; each is sent again
+
+    report = LoadGenerator(make_plan(api, users=1, seconds=0.3, staff_token=None)).run()
+
+    assert report.ok and report.unaccounted == 0
+    by_key = {}
+    for post in api.posts():
+        by_key.setdefault(post.headers['idempotency-key'], []).append(post)
+    resent = [posts for posts in by_key.values() if len(posts) > 1]
+    assert resent
+    for posts in resent:
+        assert all(post.body == posts[0].body and post.query == posts[0].query for post in posts)
 
 
 def test_tasks_still_running_at_the_end_are_cancelled_and_counted(api):
