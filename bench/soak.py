@@ -22,8 +22,9 @@ max_hold_seconds + renew_seconds under it, so those are 30 + 30 + 5 s). Capacity
 all, the default (small) limits, lease_seconds 15, renew_seconds 5.
 
 Load: two heavy_lanes_client LoadGenerators, one per API server, `--clients` users in all over the four
-demo tokens, the default mix, each user waiting out a 429's Retry-After (capped at --max-backoff s); every
-POST is timed and its answer recorded by Idempotency-Key. Beside it, a thread submits small es2_knn calls
+demo tokens, the default mix, each user waiting out a 429's Retry-After (capped at --max-backoff s), its
+POSTs answered at once (LoadPlan.submit_wait off: the stall checks time the submission, not the result);
+every POST is timed and its answer recorded by Idempotency-Key. Beside it, a thread submits small es2_knn calls
 as the staff user and DELETEs each at once (a varied 0-0.1 s after its 202, or as a worker picks it up),
 two such threads, one on each server, until 95 % of --seconds and at least 200 races (up to 60 s more).
 
@@ -191,7 +192,8 @@ def run(args, broker, broker_url):
             users = args.clients // 2 + (args.clients % 2 if index == 0 else 0)
             plan = load.LoadPlan(url=url, accounts=accounts[index:] + accounts[:index], users=users,
                                  seconds=args.seconds, source=stack.source, drain_seconds=min(600.0, args.drain_timeout),
-                                 max_backoff=args.max_backoff, seed=args.seed + index)
+                                 max_backoff=args.max_backoff, seed=args.seed + index,
+                                 submit_wait=False)  # the stall checks time POST -> answer, not -> result
             generators.append(load.LoadGenerator(plan))
 
         known = [tag + lane for lane in ('api_heavy', 'es2_knn')]
