@@ -36,6 +36,7 @@ import threading
 import time
 import uuid
 
+import requests
 from helpers import write
 from stack import Stack
 
@@ -126,7 +127,6 @@ class GenericClient:
     """An HTTP client that adapts to the server by the standard fields only (see the module docstring)."""
 
     def __init__(self, stack, token, number, args, records, lock):
-        import requests
         self.stack, self.number, self.args = stack, number, args
         self.records, self.lock = records, lock
         self.session = requests.Session()
@@ -166,9 +166,16 @@ class GenericClient:
         give_up = first + 600
         while time.monotonic() < give_up:
             time.sleep(max(0.0, self.hold_until - time.monotonic()))
-            response = self.session.post(f'{self.stack.url}/concepts/$match/?semantic=true',
-                                         json={'rows': rows, 'target_repo_url': self.stack.source},
-                                         headers={'Idempotency-Key': key}, timeout=(5, 660))
+            try:
+                response = self.session.post(f'{self.stack.url}/concepts/$match/?semantic=true',
+                                             json={'rows': rows, 'target_repo_url': self.stack.source},
+                                             headers={'Idempotency-Key': key}, timeout=(5, 660))
+            except requests.ConnectionError:
+                # A kept-alive connection the server closed while this client waited out a Retry-After:
+                # sent again with the same Idempotency-Key, which makes that safe.
+                self.note('transport_retries')
+                time.sleep(1)
+                continue
             self.read_ratelimit(response)
             if response.status_code in (429, 503):
                 self.note(f'answers_{response.status_code}')
@@ -194,7 +201,12 @@ class GenericClient:
         wait = self.retry_after(accepted)
         while time.monotonic() < give_up:
             time.sleep(wait)
-            response = self.session.get(url, timeout=(5, 60))
+            try:
+                response = self.session.get(url, timeout=(5, 60))
+            except requests.ConnectionError:
+                self.note('transport_retries')
+                wait = 1
+                continue
             if response.status_code == 200 and response.json().get('state') in ('succeeded',):
                 return response
             if response.status_code == 200 and response.json().get('state') in ('failed', 'cancelled', 'expired'):
