@@ -210,13 +210,7 @@ class PoolReconciler(threading.Thread):
         if share > current:
             control.pool_grow(share - current, destination=destination, reply=False)
         elif share < current:
-            # One process per command: billiard shrinks what it can of n and then raises "All processes
-            # busy", and Celery's pool_shrink then skips lowering the prefetch count by n, so the node went
-            # on reserving more messages than it has processes (the soak saw a node of one process hold two
-            # calls, one waiting there while the other node had a process free). shrink(1) either shrinks
-            # one and lowers the prefetch by one, or changes nothing; what's left is asked again (Sizing).
-            for _ in range(current - share):
-                control.pool_shrink(1, destination=destination, reply=False)
+            control.pool_shrink(current - share, destination=destination, reply=False)
         logger.info('Lane %s on %s sized %s -> %s', queue, self.hostname, current, share)
 
     def publish(self, queue, share, config):

@@ -46,35 +46,3 @@ def test_a_hand_resize_after_a_missed_shrink_is_not_undone():
     assert sizing.observe(3) == 1          # a hand grow
     sizing.settled = 3                     # adopted
     assert not sizing.retry(1, 3)
-
-
-class _Control:
-    def __init__(self):
-        self.sent = []
-
-    def __getattr__(self, name):
-        return lambda *args, **kwargs: self.sent.append((name, args))
-
-
-class _Pool:
-    num_processes = 4
-
-
-class _Consumer:
-    pool = _Pool()
-    task_consumer = None
-
-
-def test_a_shrink_is_sent_one_process_at_a_time_so_a_refused_one_changes_nothing(monkeypatch):
-    from types import SimpleNamespace
-
-    from workers.pool import PoolReconciler
-    control = _Control()
-    reconciler = PoolReconciler(SimpleNamespace(control=control), _Consumer(), 'api_heavy@test', ['api_heavy'],
-                                interval=1, client=object())
-    monkeypatch.setattr(reconciler, 'consuming', lambda queue: True)
-    reconciler.apply('api_heavy', 1)
-    assert control.sent == [('pool_shrink', (1,))] * 3
-    control.sent.clear()
-    reconciler.apply('api_heavy', 6)
-    assert control.sent == [('pool_grow', (2,))]
