@@ -295,17 +295,16 @@ def warm(semantic=True, lexical=True, rerank_texts=True):
     worker's main process calls it before it forks its pool, so each pool process, including one a resize
     adds later, starts with them (copy-on-write) instead of paying for them in its first call: about 0.7 s
     on an idle machine for the tiny terminology, mostly importing scikit-learn, and 2 s under load.
-    Embedders' and rerankers' models are not loaded: a model with threads of its own must not be loaded
-    before a fork. Returns the number of index parts now loaded."""
+    Only parts already built are loaded: building a semantic index runs the embedder's model, and a model
+    with threads of its own must not be loaded before a fork (a part not built yet is built by the first
+    call that needs it, as without this). Returns the number of index parts now loaded."""
     if rerank_texts:
         FuzzyReranker().score_pairs(['warm up'], ['warm up'])
     parts = 0
     for source in Source.objects.all():
-        if lexical:
-            store.lexical_index(source)
+        if lexical and store.lexical_index(source, build=False) is not None:
             parts += 1
-        if semantic:
-            store.semantic_index(source, embedder_name())
+        if semantic and store.semantic_index(source, embedder_name(), build=False) is not None:
             parts += 1
     return parts
 

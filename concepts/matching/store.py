@@ -100,19 +100,24 @@ def source_key(source):
     return read_source(source)[0]
 
 
-def lexical_index(source):
-    """The source's BM25 index: from this process's cache, else from disk, else built (once, anywhere)."""
+def lexical_index(source, build=True):
+    """The source's BM25 index: from this process's cache, else from disk, else built (once, anywhere);
+    without `build`, None when it isn't built yet."""
     key = source_key(source)
     directory = key.directory(index_root()) / 'lexical-bm25'
+    if not build and not directory.is_dir():
+        return None
     return _get(directory, kind='lexical-bm25', build=lambda: LexicalIndex.build(_table(source, key)),
                 load=lambda: LexicalIndex.load(directory))
 
 
-def semantic_index(source, embedder_name):
+def semantic_index(source, embedder_name, build=True):
     """The source's embedding index for the named embedder (see `lexical_index`)."""
     key = source_key(source)
     embedder = make_embedder(embedder_name)
     directory = key.directory(index_root()) / f'semantic-{embedder.cache_key}'
+    if not build and not directory.is_dir():
+        return None
     return _get(directory, kind=f'semantic-{embedder.name}',
                 build=lambda: SemanticIndex.build(_table(source, key), embedder),
                 load=lambda: SemanticIndex.load(directory, embedder))

@@ -7,7 +7,19 @@ from concepts.matching import store
 from workers import signals
 
 
+def test_warm_loads_nothing_it_would_have_to_build(tiny_source):
+    builds = dict(store.BUILDS)
+    assert services.warm() == 0 and not store._cache and dict(store.BUILDS) == builds
+
+
+def build(source):
+    store.lexical_index(source)
+    store.semantic_index(source, services.embedder_name())
+    store.clear_cache()
+
+
 def test_warm_loads_every_sources_parts_into_the_cache(tiny_source):
+    build(tiny_source)
     assert services.warm() == 2
     builds = dict(store.BUILDS)
     payload = services.validate_match({'rows': [{'name': 'chest pain'}], 'target_repo_url': tiny_source.url})
@@ -18,6 +30,7 @@ def test_warm_loads_every_sources_parts_into_the_cache(tiny_source):
 
 
 def test_a_node_loads_only_the_parts_its_queues_use(tiny_source, monkeypatch):
+    build(tiny_source)
     monkeypatch.setattr(signals, '_served', ['es2_knn'])
     signals.warm_indexes(sender='es2_knn@test')
     assert [name.rsplit('/', 1)[-1].split('-')[0] for name in store._cache] == ['semantic']
