@@ -58,6 +58,9 @@ def test_an_ack_lost_in_a_stall_keeps_the_pool_running_two_calls_at_once(
         peak = max(peak, running_at_once(ids))
         time.sleep(0.02)
     assert peak == 2, worker.output()[-3000:]
-    # The worker says it lost an ack, and settles it with a later one.
-    node = fault_stack.status()['queues']['es2_knn']['workers']['knn@heavy-lanes-test']
-    assert node['acks_failed_total'] >= 1 and node['acks_unsettled'] == 0
+    # The worker says it lost an ack, and settles it with a later one (its reconciler publishes that on its
+    # next tick).
+    def node():
+        return fault_stack.status()['queues']['es2_knn']['workers']['knn@heavy-lanes-test']
+    wait_until(lambda: node()['acks_unsettled'] == 0, timeout=10, interval=0.3, message='the lost ack settled')
+    assert node()['acks_failed_total'] >= 1
