@@ -5,7 +5,15 @@ its body: gunicorn decodes the chunks and says so with `wsgi.input_terminated`, 
 CONTENT_LENGTH bytes, so such a body read as empty. The body is read here, up to MAX_REQUEST_BYTES + 1 (the
 request size limit then refuses a larger one), and handed on with its length. Written by hand because
 Django has no setting for it.
+
+`warm()` runs once in each API process before gunicorn lets it accept a request: it resolves the URLconf
+(importing every view, DRF's renderers and drf-spectacular) and imports the matching service the heavy
+views call, which brings in SciPy. Left to the first requests, that cost about 0.45 s on an idle machine
+and 0.6–0.8 s to each of the first calls of a process under load, since every thread that arrives during
+the import waits on it (bench/latency.py's slowest calls were all a run's first). Imports only: no
+database or Redis, so a process still starts, and answers its readiness check, while those are down.
 """
+import importlib
 import io
 import os
 
@@ -28,9 +36,18 @@ class ChunkedBody:
         return self.app(environ, start_response)
 
 
+def warm():
+    from django.urls import get_resolver
+
+    get_resolver().url_patterns  # noqa: B018 - the property imports the URLconf and every view in it
+    importlib.import_module('concepts.services')  # the heavy views import it at their first call
+
+
 def build():
     from django.conf import settings
-    return ChunkedBody(get_wsgi_application(), settings.MAX_REQUEST_BYTES)
+    application = ChunkedBody(get_wsgi_application(), settings.MAX_REQUEST_BYTES)
+    warm()
+    return application
 
 
 application = build()
