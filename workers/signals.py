@@ -12,13 +12,15 @@ these handlers runs, or is even registered, outside a worker.
   pool process, so every log line of it carries the id (common.jsonlog); before a task, drop a database
   connection that failed and is gone (common.database.drop_broken_connections), as `task_revoked` and
   `task_failure` do in the main process; `worker_process_init`: a new pool process lets go of its
-  parent's connections without touching them (common.database.forget_inherited_connections);
+  parent's connections without touching them (common.database.forget_inherited_connections) and builds
+  its result backend;
 - `celeryd_after_setup`, `worker_ready`, `worker_shutdown`: don't consume a paused queue at start, load the
-  match indexes before the pool forks (concepts.services.warm), and start and stop the node's pool
-  reconciler (workers.pool).
+  match indexes before the pool forks (concepts.services.warm) and freeze what is loaded out of the
+  garbage collector's reach, and start and stop the node's pool reconciler (workers.pool).
 
 It also replaces Celery's event heartbeat with one that doesn't retry (see `Heart`).
 """
+import gc
 import logging
 import os
 import threading
@@ -145,6 +147,18 @@ def forget_parent_database_connections(**kwargs):
     forget_inherited_connections()
 
 
+@worker_process_init.connect
+def make_result_backend(**kwargs):
+    """Build this pool process's result backend (workers.lifecycle stores a call's result through it) now,
+    not in its first call: finding its class scans the installed packages' entry points and imports
+    django-celery-results, 15 ms of the first call's 75. No I/O: it connects at its first use."""
+    from workers.celery import app
+    try:
+        app.backend  # noqa: B018 - the property builds the process's backend
+    except Exception as ex:  # noqa: BLE001 - the first call builds it then, as without this
+        logger.warning('Pool process %s could not build its result backend yet: %s', os.getpid(), ex)
+
+
 @task_prerun.connect
 def drop_broken_database_connections(**kwargs):
     drop_broken_connections()
@@ -199,7 +213,13 @@ def skip_paused_queues(sender=None, instance=None, **kwargs):
 @celeryd_after_setup.connect
 def warm_indexes(sender=None, **kwargs):
     """Load the match indexes in the main process, before the pool forks, so no call pays for them.
-    A failure here costs only the warm start: the calls load what they need, as without it."""
+    A failure here costs only the warm start: the calls load what they need, as without it.
+
+    Then `gc.freeze()`: what is loaded by now (the indexes, the libraries) is never scanned by the garbage
+    collector again, here or in a pool process. A full collection walked all of it, 37–46 ms for the HPO
+    indexes, and in a forked process it also wrote to every object's pages, copying them (copy-on-write):
+    a node's calls queued behind such pauses (bench/latency.py's slowest calls, a few seconds into its
+    run, waited 0.3–0.7 s to be received)."""
     if not _served:
         return
     from concepts import services
@@ -210,6 +230,7 @@ def warm_indexes(sender=None, **kwargs):
     except Exception as ex:  # noqa: BLE001 - the worker starts cold rather than not at all
         logger.warning('%s starts without its match indexes loaded: %s', sender, ex)
         return
+    gc.freeze()
     logger.info('%s loaded %d match index parts in %.2f s', sender, parts, time.monotonic() - started)
 
 

@@ -1,10 +1,20 @@
 """A lane worker loads the match indexes before its pool forks (workers.signals.warm_indexes), so a pool
 process's first call finds them in its cache."""
+import gc
 import logging
+
+import pytest
 
 from concepts import services
 from concepts.matching import store
 from workers import signals
+
+
+@pytest.fixture(autouse=True)
+def unfrozen():
+    """warm_indexes freezes what is loaded out of the collector's reach; give it back after each test."""
+    yield
+    gc.unfreeze()
 
 
 def test_warm_loads_nothing_it_would_have_to_build(tiny_source):
@@ -38,6 +48,22 @@ def test_a_node_loads_only_the_parts_its_queues_use(tiny_source, monkeypatch):
     monkeypatch.setattr(signals, '_served', ['api_heavy'])
     signals.warm_indexes(sender='api_heavy@test')
     assert [name.rsplit('/', 1)[-1] for name in store._cache] == ['lexical-bm25']
+
+
+def test_what_a_node_loaded_is_frozen_out_of_the_collectors_reach(tiny_source, monkeypatch):
+    build(tiny_source)
+    monkeypatch.setattr(signals, '_served', ['es2_knn'])
+    gc.unfreeze()
+    signals.warm_indexes(sender='es2_knn@test')
+    index = next(iter(store._cache.values()))
+    assert gc.get_freeze_count() > 0 and not any(obj is index for obj in gc.get_objects())
+
+
+def test_the_semantic_index_is_loaded_with_its_projection_made(tiny_source):
+    build(tiny_source)
+    services.warm(lexical=False)
+    embedder = next(iter(store._cache.values())).embedder
+    assert embedder._projection is not None and embedder._projection.flags['C_CONTIGUOUS']
 
 
 def test_a_failed_warm_start_leaves_the_worker_starting(db, monkeypatch, caplog):

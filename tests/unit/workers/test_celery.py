@@ -37,3 +37,26 @@ def test_beat_sends_the_sweep_and_retention_to_the_maintenance_queue_and_nothing
                        'retention': ('heavy_lanes.retention', 'maintenance')}
     assert MAINTENANCE_QUEUE not in QUEUE_NAMES
     scheduler.close()
+
+
+def test_a_pool_process_builds_its_result_backend_when_it_starts():
+    from workers import signals
+    from workers.celery import app
+    app._local.__dict__.pop('backend', None)
+    signals.make_result_backend()
+    assert 'backend' in app._local.__dict__
+
+
+def test_a_result_backend_that_cant_be_built_at_start_is_left_to_the_first_call(monkeypatch, caplog):
+    import logging
+
+    from celery import Celery
+
+    from workers import signals
+
+    def broken(self):
+        raise ImportError('no module named django_celery_results')
+    monkeypatch.setattr(Celery, 'backend', property(broken))
+    with caplog.at_level(logging.WARNING, logger='heavy_lanes'):
+        signals.make_result_backend()
+    assert 'could not build its result backend yet: no module named django_celery_results' in caplog.text
