@@ -58,16 +58,25 @@ def part_mix(stack, args, submit_wait):
     import heavy_lanes_client.load as load
 
     from workers.models import HeavyCall
-    stack.reset_calls()
     accounts = tuple(load.Account(row['tier'], row['token']) for row in stack.tokens()['tokens'])
+    if args.warmup > 0:
+        # Not measured: the same mix for --warmup seconds, so each API thread and pool process has served
+        # calls before the measured run (a process's first calls open its connections).
+        load.LoadGenerator(load.LoadPlan(url=stack.url, accounts=accounts, users=args.users,
+                                         seconds=args.warmup, source=stack.source, seed=2,
+                                         submit_wait=submit_wait)).run()
+        stack.wait_drained(60)
+    stack.reset_calls()
     plan = load.LoadPlan(url=stack.url, accounts=accounts, users=args.users, seconds=args.seconds,
                          source=stack.source, seed=1, submit_wait=submit_wait)
     generator = load.LoadGenerator(plan)
     offset = time.time() - time.monotonic()  # the load generator's clock is time.monotonic
     report = generator.run()
     sent_at = {call.task_id: call.started + offset for call in generator.ledger.calls if call.task_id}
+    run_start = min((call.started for call in generator.ledger.calls), default=0.0)
+    started = {call.task_id: call.started - run_start for call in generator.ledger.calls if call.task_id}
     rows = {row['id']: row for row in HeavyCall.objects.values(
-        'id', 'state', 'rows', 'served_as', 'created_at', 'started_at', 'finished_at')}
+        'id', 'state', 'rows', 'queue', 'worker', 'served_as', 'created_at', 'started_at', 'finished_at')}
     groups = {'single': [], 'bulk': []}
     for call in report.calls:
         groups['single' if call.kind == 'single' else 'bulk'].append(call)
@@ -96,7 +105,9 @@ def part_mix(stack, args, submit_wait):
             row = rows.get(call.task_id) or {}
             span = lambda a, b: ms((row[b] - row[a]).total_seconds()) if row.get(a) and row.get(b) else None  # noqa: E731
             slowest.append({'ms': ms(call.latency), 'sends': call.sends,
+                            'at_s': round(started[call.task_id], 2) if call.task_id in started else None,
                             'decision': call.decision, 'served_as': row.get('served_as'),
+                            'queue': row.get('queue'), 'worker': row.get('worker'),
                             'queue_wait_ms': span('created_at', 'started_at'),
                             'run_ms': span('started_at', 'finished_at'),
                             'before_row_ms': ms(row['created_at'].timestamp() - sent_at[call.task_id])
@@ -266,6 +277,8 @@ def main():
     parser.add_argument('--api-workers', type=int, default=3)
     parser.add_argument('--terminology', default='tiny', choices=('hpo', 'tiny'))
     parser.add_argument('--parts', default='mix-poll,mix-wait,generic')
+    parser.add_argument('--warmup', type=float, default=3,
+                        help='seconds of the same mix before each measured mix part, not measured (0: none)')
     args = parser.parse_args()
     print('$', ' '.join([os.path.relpath(sys.executable), *sys.argv]), flush=True)
     parts = args.parts.split(',')

@@ -433,7 +433,15 @@ class Stack:
             if time.monotonic() > deadline:
                 raise StackError(f'not ready after {READY_SECONDS} s: {", ".join(c.name for c in pending)}')
             time.sleep(0.1)
-        wanted = {queue: size for queue, size in self.lanes.items() if size is not None}
+        # Every pool at the size the config gives it: a worker starts with one process and its reconciler
+        # grows it, and a benchmark that started before that measured the forks (new processes seconds
+        # into bench/latency.py's run, calls queued behind them).
+        from capacity.config import clear_cache, get_config
+        from workers.lanes import pool_sizes
+        clear_cache()
+        sizes = pool_sizes(get_config())
+        wanted = {queue: sizes[queue] if size is None else size for queue, size in self.lanes.items()
+                  if size is not None or sizes[queue] > 0}
         if wanted:
             self.wait_pools(wanted)
 
