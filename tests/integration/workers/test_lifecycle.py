@@ -82,6 +82,25 @@ def test_succeed_stores_the_result_with_the_state_and_only_for_a_running_call(ma
     assert HeavyCall.objects.get(pk=call.pk).state == 'succeeded'
 
 
+def test_a_result_row_is_written_as_the_result_backend_writes_it_and_the_backend_reads_it(make_user, lanes):
+    from celery import states
+    from django_celery_results.models import TaskResult
+
+    from workers.celery import app
+    from workers.lifecycle import running
+    result = [{'row': {'name': 'chest pain'}, 'results': [{'id': 'HP:1', 'search_meta': {'search_score': 1}}]}]
+    app.backend.store_result('by-backend', result, states.SUCCESS)
+    running.store_result('by-lifecycle', result)
+    fields = ('status', 'result', 'content_type', 'content_encoding', 'meta', 'task_name', 'worker',
+              'task_args', 'task_kwargs')
+    ours, theirs = (TaskResult.objects.values(*fields).get(task_id=i) for i in ('by-lifecycle', 'by-backend'))
+    assert ours == theirs
+    assert app.backend.get_task_meta('by-lifecycle')['result'] == result
+    running.store_result('by-lifecycle', {'n': 2})  # a second write replaces the first, as the backend's
+    assert app.backend.get_task_meta('by-lifecycle')['result'] == {'n': 2}
+    assert TaskResult.objects.filter(task_id='by-lifecycle').count() == 1
+
+
 def test_fail_records_the_error_and_gives_the_usage_back(make_user, lanes):
     call = queued(make_user())
     lifecycle.start(call, 'w@me pid 1')

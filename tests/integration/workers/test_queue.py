@@ -11,6 +11,7 @@ from capacity.keys import lane_key
 from tests.integration.calls import distinct
 from tests.integration.workers.conftest import wait_until
 from workers import lifecycle
+from workers.celery import TASK_NAME
 from workers.lifecycle import admission_of
 from workers.models import HeavyCall
 
@@ -77,6 +78,10 @@ def test_a_call_is_queued_then_runs_and_only_its_owner_and_staff_see_it(
     assert answer[0]['results'][0]['display_name'] == 'Hypertension'
     assert not lane_has(lanes_redis, Lane.ES2_KNN, call_id)
     assert not lane_has(lanes_redis, Lane.USER, call_id, owner.pk)
+    from django_celery_results.models import TaskResult  # the result row, with the task's extended fields
+    stored = TaskResult.objects.get(task_id=call_id)
+    assert (stored.status, stored.task_name, stored.task_args) == ('SUCCESS', TASK_NAME, f'"[\'{call_id}\']"')
+    assert stored.worker == worker.node, stored.worker
 
     line = wait_until(lambda: log_line_of(worker, call_id), timeout=5, message='the call\'s log line')
     assert line['event'] == 'ocl_capacity' and line['decision'] == 'shadow-refused'
