@@ -235,11 +235,17 @@ def test_with_a_lane_limit_of_two_no_more_than_two_calls_run_at_once(
     client = api_as(make_user())
     rows = [{'name': f'chest pain {i}', 'synonyms': [f'pain in the chest {j}' for j in range(20)]} for i in range(400)]
     ids = []
-    for _ in range(10):
-        body = {'q': 'chest pain radiating to the arm', 'rows': distinct(rows)}
-        response = client.post('/concepts/$rerank/', body, HTTP_PREFER='respond-async', format='json')
-        assert response.status_code == 202, response.content
-        ids.append(response.json()['id'])
+    # The node is stopped while the calls are sent, so they are all waiting when it takes them: a call
+    # that ran faster than the next one was sent would leave the lane's second slot unused.
+    worker.kill(signal.SIGSTOP)
+    try:
+        for _ in range(10):
+            body = {'q': 'chest pain radiating to the arm', 'rows': distinct(rows)}
+            response = client.post('/concepts/$rerank/', body, HTTP_PREFER='respond-async', format='json')
+            assert response.status_code == 202, response.content
+            ids.append(response.json()['id'])
+    finally:
+        worker.kill(signal.SIGCONT)
     for call_id in ids:
         assert poll(client, call_id, timeout=120).json()['state'] == 'succeeded'
     calls = HeavyCall.objects.filter(pk__in=ids)
