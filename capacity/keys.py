@@ -137,6 +137,12 @@ def work_claim_key(work_key):
     return claim_key('work', work_key)
 
 
+def joined_key(call_id):
+    """Set by every call that joins the work of the call `call_id`, so the leader's end knows whether it has
+    followers to end without asking the database (workers.lifecycle.sharing)."""
+    return f'{settings.CAPACITY_KEY_PREFIX}:joined:{call_id}'
+
+
 def warm_key(work_key):
     """The call whose stored result answers identical calls for cache.ttl_seconds (workers.sharing)."""
     return f'{settings.CAPACITY_KEY_PREFIX}:warm:{work_key}'

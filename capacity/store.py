@@ -358,6 +358,13 @@ class LaneStore:
             keys, args = [key, pointer_key], [token, int(pointer_ms)]
         return bool(int(self.operate(self.run_script, 'unclaim', keys, args)))
 
+    def end_work(self, key, token, pointer_key, pointer_ms, joined_key):
+        """`unclaim` for a leader that ended, which also takes its joined mark (`joined_key`) away: True
+        when a call had marked it (joined the work), in the same script."""
+        removed, joined = self.operate(self.run_script, 'unclaim', [key, pointer_key, joined_key],
+                                       [token, int(pointer_ms)])
+        return bool(int(joined))
+
     def find_keys(self, lane):
         """Every key of a lane that has parts (e.g. each host's api_heavy_task key), sorted."""
         return self.call(self.run_scan, lane_pattern(lane))

@@ -24,15 +24,15 @@ import time
 from dataclasses import dataclass
 
 from capacity import failopen
-from capacity.config import get_config, time_limits
+from capacity.config import get_config
 from capacity.constants import MATCH
 from capacity.keys import warm_key, work_claim_key
 from capacity.store import get_store
 from workers import lifecycle
+from workers.lifecycle.sharing import claim_ms
 from workers.models import OPEN_STATES, HeavyCall, ServedAs, State
 
 LEADER_ROW_WAIT_SECONDS = 5.0  # a leader claims its work just before it commits its row
-CLAIM_SLACK_SECONDS = 30       # a claim outlives the longest its leader can stay open by this much
 
 
 def work_key(endpoint, payload, semantic=False, reranker=False):
@@ -123,10 +123,9 @@ def lead(key, call_id, config=None):
     store = get_store()
     if not key or not store.is_available():
         return True
-    config = config or get_config()
-    seconds = config['queue']['deadline_seconds'] + time_limits(config).hard + CLAIM_SLACK_SECONDS
     try:
-        return bool(store.command('set', work_claim_key(key), call_id, nx=True, px=int(seconds * 1000)))
+        ms = claim_ms(config or get_config())
+        return bool(store.command('set', work_claim_key(key), call_id, nx=True, px=ms))
     except Exception as ex:  # noqa: BLE001 - fail open
         failopen.record(None, ex, 'sharing claim', store)
         return True

@@ -18,23 +18,33 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from capacity import counters, failopen
-from capacity.config import get_config
-from capacity.keys import warm_key, work_claim_key
+from capacity.config import get_config, time_limits
+from capacity.keys import joined_key, warm_key, work_claim_key
 from capacity.store import get_store
 from workers import notify
 from workers.lifecycle.reads import log_line
 from workers.models import FINAL_STATES, OPEN_STATES, HeavyCall, ServedAs, State
 
 logger = logging.getLogger('heavy_lanes')
+CLAIM_SLACK_SECONDS = 30  # a work's claim outlives the longest its leader can stay open by this much
+
+
+def claim_ms(config):
+    """How long a work's claim (and its leader's joined mark) lives: past the longest its leader can stay
+    open, queued then running."""
+    return int((config['queue']['deadline_seconds'] + time_limits(config).hard + CLAIM_SLACK_SECONDS) * 1000)
 
 
 def join(call, leader):
     """Insert `call` (a new, unsaved row) as a follower of the open `leader`; return it, or None when the
     leader's work was cancelled while it joined (nothing is left behind: the caller starts over).
 
-    The row is written first and the leader read again after, so a leader that ends in between is seen:
-    one that ended any other way ends this handle as it ended its other followers.
+    The leader's joined mark is set first (`mark_joined`), then the row is written and the leader read
+    again, so a leader that ends in between is seen either way: one whose end took the mark away after it
+    was set looks for its followers and finds this one, or this handle finds it ended and ends as it did.
     """
+    if not mark_joined(leader):
+        return None  # the leader's end couldn't know of this handle: the caller runs its own work
     call.leader, call.served_as, call.work_key = leader, ServedAs.COALESCED, leader.work_key
     call.priority, call.expires_at = leader.priority, leader.expires_at
     call.state = State.RUNNING if leader.state == State.RUNNING else State.QUEUED
@@ -92,20 +102,38 @@ def settle(leader):
     return ended_ids
 
 
+def mark_joined(leader):
+    """Say in Redis that a call joins `leader`'s work (capacity.keys.joined_key), for as long as its claim
+    can live; False when that couldn't be said (the caller then doesn't join)."""
+    store = get_store()
+    if not store.is_available():
+        return False
+    try:
+        store.command('set', joined_key(leader.pk), 1, px=claim_ms(get_config()))
+    except Exception as ex:  # noqa: BLE001 - fail open: the call runs its own work
+        failopen.record(None, ex, 'sharing join', store)
+        return False
+    return True
+
+
 def release_work(leader):
     """The leader ended: identical calls no longer join it; when it succeeded, its result answers them for
-    `cache.ttl_seconds`. One script (capacity/lua/unclaim.lua); a failure only costs sharing, never the call
-    (the claim expires by itself, and joiners treat a claim of an ended call as gone)."""
+    `cache.ttl_seconds`. One script (capacity/lua/unclaim.lua), which also takes the leader's joined mark:
+    returns True when a call joined it, False when none did, None when Redis couldn't say (its followers
+    are then looked for in the database all the same). A failure only costs sharing, never the call (the
+    claim expires by itself, and joiners treat a claim of an ended call as gone)."""
     if not leader.work_key:
-        return
+        return None
     ttl = get_config()['cache']['ttl_seconds'] if leader.state == State.SUCCEEDED else 0
     store = get_store()
     if not store.is_available():
-        return
+        return None
     try:
-        store.unclaim(work_claim_key(leader.work_key), leader.pk, warm_key(leader.work_key), int(ttl * 1000))
+        return store.end_work(work_claim_key(leader.work_key), leader.pk, warm_key(leader.work_key),
+                              int(ttl * 1000), joined_key(leader.pk))
     except Exception as ex:  # noqa: BLE001
         failopen.record(None, ex, 'work release', store)
+        return None
 
 
 def open_followers(leader_id):

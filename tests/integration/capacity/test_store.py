@@ -217,6 +217,19 @@ def test_unclaim_removes_a_claim_only_for_its_holder_and_can_leave_a_pointer(sto
         store.operate(store.run_script, 'unclaim', [claim, pointer], ['call-2', -1])
 
 
+def test_end_work_gives_up_the_claim_and_takes_the_joined_mark_away(store, redis_client):
+    from capacity.keys import joined_key
+    claim, pointer, mark = work_claim_key('w3'), warm_key('w3'), joined_key('call-4')
+    redis_client.set(claim, 'call-4', px=LEASE_MS)
+    assert store.end_work(claim, 'call-4', pointer, 1500, mark) is False  # nobody joined
+    assert redis_client.get(claim) is None and redis_client.get(pointer) == b'call-4'
+    redis_client.set(claim, 'call-4', px=LEASE_MS)
+    redis_client.set(mark, 1, px=LEASE_MS)
+    assert store.end_work(claim, 'call-4', pointer, 0, mark) is True
+    assert redis_client.exists(mark) == 0 and redis_client.get(claim) is None
+    assert store.end_work(claim, 'call-4', pointer, 0, mark) is False  # a second time: the mark is gone
+
+
 def test_count_ignores_expired_leases_and_changes_nothing(store, redis_client):
     cluster, user = lane_key(Lane.API_HEAVY), lane_key(Lane.USER, 42)
     redis_client.zadd(cluster, {'dead': 1000, 'live': redis_now_ms(redis_client) + LEASE_MS})

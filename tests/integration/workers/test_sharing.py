@@ -194,6 +194,38 @@ def test_only_one_call_leads_a_work_and_abandon_gives_it_up(lanes):
     assert sharing.lead(KEY, 'two')
 
 
+def test_a_leader_nobody_joined_ends_without_looking_for_followers_and_one_joined_finds_them(
+        make_user, lanes, redis_client):
+    from capacity.keys import joined_key
+    alone = leader(make_user())
+    with mock.patch('workers.lifecycle.sharing.settle') as settle:
+        run(alone)
+    settle.assert_not_called()
+    assert redis_client.get(work_claim_key(KEY)) is None  # the claim was given up all the same
+
+    joined = leader(make_user(), key='b' * 64)
+    follower = lifecycle.join(handle(make_user()), joined)
+    assert redis_client.exists(joined_key(joined.pk))
+    run(joined, {'n': 2})
+    assert fresh(follower).state == 'succeeded' and lifecycle.result(fresh(follower)) == {'n': 2}
+    assert not redis_client.exists(joined_key(joined.pk))  # the end took the mark away
+
+
+def test_a_leader_whose_redis_cant_say_looks_for_its_followers_in_the_database(make_user, lanes):
+    lead = leader(make_user())
+    follower = lifecycle.join(handle(make_user()), lead)
+    with mock.patch('capacity.store.LaneStore.end_work', side_effect=ConnectionError('redis went away')):
+        run(lead)
+    assert fresh(follower).state == 'succeeded'
+
+
+def test_a_call_that_cant_mark_its_join_doesnt_join(make_user, lanes):
+    lead = leader(make_user())
+    with mock.patch('capacity.store.LaneStore.command', side_effect=ConnectionError('redis went away')):
+        assert lifecycle.join(handle(make_user()), lead) is None
+    assert not HeavyCall.objects.filter(leader_id=lead.pk).exists()  # nothing left behind: it runs its own
+
+
 def test_the_sweep_settles_followers_whose_leaders_end_was_cut_short(make_user, lanes):
     lead = leader(make_user())
     follower = lifecycle.join(handle(make_user()), lead)
