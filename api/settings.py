@@ -255,6 +255,11 @@ CELERY_EVENT_SERIALIZER = 'json'
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# And never more reserved than the pool has processes now. The prefetch count alone drifts from the pool:
+# Celery's pool_shrink skips lowering it when billiard refuses to stop a busy process, so a node shrunk
+# while its calls ran kept a prefetch above its processes and held a second call behind its one process
+# while another node had one free (tests/integration/workers/test_queue.py). Redis brokers only.
+CELERY_WORKER_DISABLE_PREFETCH = True
 # How long a new pool process may take to report that it is up before the worker kills it (Celery's default
 # is 4 s). The worker's main loop reads that report, and in a Redis stall each of its broker operations can
 # take the broker's socket timeout: with 4 s, processes forked during a stall were killed as hung.

@@ -286,3 +286,29 @@ def test_a_worker_started_while_its_lane_is_paused_takes_no_call_until_the_lane_
     assert client.get(f'/tasks/{call_id}/').json()['state'] == 'queued'
     configure(es2_knn=3)
     assert poll(client, call_id).json()['state'] == 'succeeded'
+
+
+def test_a_node_shrunk_while_its_calls_ran_holds_no_more_calls_than_its_processes(
+        start_worker, tiny_source, make_user, api_as, configure):
+    """billiard can't stop a busy process and Celery's pool_shrink then leaves the prefetch count as it was:
+    without CELERY_WORKER_DISABLE_PREFETCH this one-process node took the second call off the broker."""
+    from workers.status import depth
+    worker = start_worker(name='knn', queues=('es2_knn',), concurrency=1)
+    client = api_as(make_user(is_staff=True))
+    configure(es2_knn=4)  # pool 3
+    wait_until(lambda: pool_of(worker.node) == 3, timeout=15, interval=0.3, message='the pool to grow to 3')
+    busy = [submit_long(client, tiny_source) for _ in range(2)]
+    for call_id in busy:
+        running_pid(call_id)
+    configure(es2_knn=2)  # pool 1, while two of its three processes are busy
+    wait_until(lambda: pool_of(worker.node) == 1, timeout=60, interval=0.3, message='the pool to shrink to 1')
+    for call_id in busy:
+        assert poll(client, call_id, timeout=60).json()['state'] == 'succeeded'
+    ids = [submit_long(client, tiny_source) for _ in range(2)]
+    running_pid(ids[0])
+    for _ in range(5):
+        states = [HeavyCall.objects.get(pk=call_id).state for call_id in ids]
+        assert (states.count('running'), depth('es2_knn')) == (1, 1), states  # the second waits on the broker
+        time.sleep(0.1)
+    for call_id in ids:
+        assert poll(client, call_id, timeout=60).json()['state'] == 'succeeded'
