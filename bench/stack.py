@@ -12,7 +12,8 @@ What it starts, each child the leader of its own process group (logs in bench/ou
    (CAPACITY_TASK_ID `api-a`, `api-b`: its own `api_heavy_task` lane and waiting cap), as two API machines
    behind a balancer would be;
 4. one Celery worker per lane queue (`celery -A workers worker -Q <queue> -n <queue>@%h -P prefork -c 1`),
-   whose pool the workers' own reconciler then sizes from the capacity config; with `nodes_per_lane=2`,
+   whose pool the workers' own reconciler then sizes from the capacity config (`start()` returns once
+   every pool has the size the config gives it, or the size `lanes` asks for); with `nodes_per_lane=2`,
    two per queue (`<queue>@a-%h`, `<queue>@b-%h`), over which the reconcilers split the lane's pool;
 5. with `maintenance=True`, Celery beat and the maintenance worker as `make run` starts them
    (devstack.services), so the sweep (workers/sweep.py) runs every WORKERS_SWEEP_SECONDS (set it in `env`).
@@ -234,15 +235,24 @@ class Stack:
         return {queue: sum(pool.get('processes', 0) for pool in read_pools(self.redis, queue).values())
                 for queue in self.lanes}
 
-    def wait_pools(self, wanted, timeout=30):
-        """Wait until each lane's pool has the wanted number of processes ({queue: n})."""
+    def serving(self):
+        """{queue: pool processes of the nodes consuming it}: a node whose share is 0 (more nodes than the
+        lane's pool) keeps its one process, idle, and doesn't count."""
+        from workers.pool import read_pools
+        return {queue: sum(pool.get('processes', 0) for pool in read_pools(self.redis, queue).values()
+                           if pool.get('consuming')) for queue in self.lanes}
+
+    def wait_pools(self, wanted, timeout=30, serving=False):
+        """Wait until each lane's pool has the wanted number of processes ({queue: n}); with `serving`,
+        counting only the nodes that consume the queue (`serving()`)."""
+        read = self.serving if serving else self.pools
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            have = self.pools()
+            have = read()
             if all(have.get(queue) == n for queue, n in wanted.items()):
                 return have
             time.sleep(0.2)
-        raise StackError(f'pools are {self.pools()}, wanted {wanted}')
+        raise StackError(f'pools are {read()}, wanted {wanted}')
 
     def pool_pids(self, queue):
         """The pids of the lane worker's pool processes now: the children of its main process. A pool that
@@ -443,7 +453,7 @@ class Stack:
         wanted = {queue: sizes[queue] if size is None else size for queue, size in self.lanes.items()
                   if size is not None or sizes[queue] > 0}
         if wanted:
-            self.wait_pools(wanted)
+            self.wait_pools(wanted, serving=True)
 
 
 def with_redis(command):
