@@ -88,7 +88,7 @@ def test_a_result_row_is_written_as_the_result_backend_writes_it_and_the_backend
 
     from workers.celery import app
     from workers.lifecycle import running
-    result = [{'row': {'name': 'chest pain'}, 'results': [{'id': 'HP:1', 'search_meta': {'search_score': 1}}]}]
+    result = [{'row': {'name': 'chest pain'}, 'results': [{'id': 'HP:1', 'search_meta': {'score': 1}}]}]
     app.backend.store_result('by-backend', result, states.SUCCESS)
     running.store_result('by-lifecycle', result)
     fields = ('status', 'result', 'content_type', 'content_encoding', 'meta', 'task_name', 'worker',
