@@ -6,8 +6,9 @@ in its main process (started when the worker is ready) that, every WORKERS_RECON
 1. refreshes its heartbeat in the lane's node set (a sorted set scored by expiry, like the leases);
 2. computes its share from the config and the live nodes;
 3. when the share changed since it last applied one, resizes through Celery's own control commands
-   (pool_grow / pool_shrink, add_consumer / cancel_consumer) addressed to itself; a share of 0 (the lane
-   paused, or more nodes than slots) stops consuming the queue, so its calls wait and expire;
+   (pool_grow, which forks the new processes at once: `grow_now`; pool_shrink, add_consumer /
+   cancel_consumer) addressed to itself; a share of 0 (the lane paused, or more nodes than slots) stops
+   consuming the queue, so its calls wait and expire;
 4. publishes what it wants and what it has (share, pool processes, consuming) for /capacity/status/.
 
 A hand resize (Flower's pool grow/shrink, `celery control pool_grow`) becomes the lane's limit
@@ -26,6 +27,7 @@ import threading
 import time
 
 import redis
+from celery.worker import control as worker_control
 from django.conf import settings
 
 from capacity.config import get_config
@@ -37,6 +39,22 @@ from workers import broker, hand_resize, lanes
 logger = logging.getLogger('heavy_lanes')
 HEARTBEAT_FACTOR = 3  # a node is live while it renewed its heartbeat within 3 reconcile intervals
 PENDING_TICKS = 5     # an own resize that hasn't landed after this many intervals is settled as it is
+
+
+GROW_COMMAND = 'heavy_lanes_pool_grow'
+
+
+@worker_control.control_command(name=GROW_COMMAND, args=[('n', int)], signature='[N=1]')
+def grow_now(state, n=1, **kwargs):
+    """Celery's `pool_grow`, then the new processes forked at once. billiard's grow only raises the pool's
+    size; its processes are forked by the pool's maintenance, which runs every 5 s (or when a process
+    exits), so for up to 5 s a lane grown to two ran one call at a time while the reconciler already
+    reported two processes. Runs in the worker's main thread, where that maintenance forks too."""
+    reply = worker_control.pool_grow(state, n, **kwargs)
+    pool = getattr(state.consumer.pool, '_pool', None)
+    if 'ok' in reply and hasattr(pool, 'maintain_pool'):
+        pool.maintain_pool()
+    return reply
 
 
 class Sizing:
@@ -208,7 +226,8 @@ class PoolReconciler(threading.Thread):
         if not self.consuming(queue):
             control.add_consumer(queue, destination=destination, reply=False)
         if share > current:
-            control.pool_grow(share - current, destination=destination, reply=False)
+            control.broadcast(GROW_COMMAND, arguments={'n': share - current}, destination=destination,
+                              reply=False)
         elif share < current:
             control.pool_shrink(current - share, destination=destination, reply=False)
         logger.info('Lane %s on %s sized %s -> %s', queue, self.hostname, current, share)

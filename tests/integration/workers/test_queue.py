@@ -312,3 +312,23 @@ def test_a_node_shrunk_while_its_calls_ran_holds_no_more_calls_than_its_processe
         time.sleep(0.1)
     for call_id in ids:
         assert poll(client, call_id, timeout=60).json()['state'] == 'succeeded'
+
+
+def test_a_grown_pool_forks_its_new_processes_at_once(start_worker, configure):
+    """billiard forks a grown pool's processes at its next maintenance (every 5 s): the reconciler's own
+    grow (workers.pool.grow_now) forks them as it grows, so a lane grown to three runs three calls now."""
+    import subprocess
+
+    from capacity.config import get_current
+    from workers.status import get_queues
+    worker = start_worker(name='knn', queues=('es2_knn',), concurrency=1)
+    configure(es2_knn=4)  # pool 3
+
+    def published():  # what the node's reconciler says its pool is, as soon as it resized it
+        return get_queues(get_current()[1])['es2_knn']['workers'].get(worker.node, {}).get('processes')
+    wait_until(lambda: published() == 3, timeout=15, interval=0.05, message='the pool to grow to 3')
+
+    def children():
+        return subprocess.run(['pgrep', '-P', str(worker.process.pid)], capture_output=True, text=True).stdout
+    # Within a second, not at billiard's next maintenance (5 s): the grow and its forks are one command.
+    wait_until(lambda: len(children().split()) == 3, timeout=1.5, interval=0.05, message='three processes')
