@@ -36,6 +36,15 @@ def test_an_ack_lost_in_a_stall_keeps_the_pool_running_two_calls_at_once(
     configure(es2_knn=3, per_user={'staff': 9, 'core': 9, 'early_access': 9, 'preview': 9})  # es2_knn pool: 2
     url = fault_stack.api()
     worker = fault_stack.worker(name='knn', queues=('es2_knn',), concurrency=1)
+    # kombu's worker loop refreshes its binding tables in Redis a second after it starts, in the loop's own
+    # thread: a stall begun before that blocks the loop in the refresh's connect until Redis is back, so
+    # the acknowledgement is never tried during the stall and never lost. Stall after it.
+    broker = fault_stack.broker()
+    key = wait_until(lambda: next(broker.scan_iter('*_kombu.binding_deadlines'), None), timeout=20,
+                     message="the worker's binding deadlines")
+    declared = broker.zrange(key, 0, -1, withscores=True)
+    wait_until(lambda: broker.zrange(key, 0, -1, withscores=True) != declared, timeout=20, interval=0.1,
+               message="the worker's first binding refresh")
     token = make_user('core_user').auth_token.key
     first = long_call(url, token, tiny_source)
     wait_until(lambda: HeavyCall.objects.filter(pk=first, state='running').exists(), timeout=60,
