@@ -7,13 +7,14 @@
    =embedded picks one. REDIS_URL and CELERY_BROKER_URL (unless set) are exported to every child.
 2. Prepares the database in a child process (`python -m devstack --prepare`): migrate, `load_terminology
    hpo`, `create_demo_users`. Each step is idempotent and quick the second time.
-3. Starts, at once: the API (gunicorn api.wsgi, WEB_CONCURRENCY sync workers, default 3, on
-   127.0.0.1:$PORT), one Celery worker per lane queue (`-Q <queue> -n <queue>@%h -P prefork -c 1`; each
-   then sizes its own pool from the capacity config), Celery beat and the maintenance worker that runs
-   the sweep and retention it sends, and Flower (127.0.0.1:$FLOWER_PORT, basic auth), and waits until
-   each is ready.
-4. Prints the URLs, the demo tokens, Flower's credentials and an example client command; then watches,
-   while a one-shot child builds the match indexes into VAR_DIR/indexes/ (once; later runs only load them).
+3. Starts, at once: a one-shot child that builds the match indexes into VAR_DIR/indexes/ (once; later runs
+   only check them), the API (gunicorn api.wsgi, WEB_CONCURRENCY sync workers, default 3, on
+   127.0.0.1:$PORT), Celery beat and the maintenance worker that runs the sweep and retention it sends,
+   and Flower (127.0.0.1:$FLOWER_PORT, basic auth). Once the indexes are built (or their step failed), one
+   Celery worker per lane queue (`-Q <queue> -n <queue>@%h -P prefork -c 1`; each then sizes its own pool
+   from the capacity config), so each worker loads the built indexes before its pool forks and the first
+   heavy call finds them in memory. Waits until each is ready.
+4. Prints the URLs, the demo tokens, Flower's credentials and an example client command; then watches.
 
 Each child runs in its own process group (so a terminal's Ctrl-C reaches only this launcher) with its
 output in VAR_DIR/log/<name>.log (the previous run's kept as <name>.log.1), and gets SIGTERM if the
@@ -129,7 +130,6 @@ class Launcher:
                                flower_auth=self.flower_auth, redis_url=self.redis_url,
                                redis_kind=self.redis_kind, seconds=time.monotonic() - self.started):
                 self.say(line)
-            self.warm_indexes()
             self.watch()
         except Stop as stop:
             if str(stop):
@@ -237,26 +237,45 @@ class Launcher:
         self.say(f'  done in {time.monotonic() - started:.1f} s')
 
     def start_services(self):
+        self.start(services.index_step(self.logs))
         self.start(services.api(self.port, self.logs))
-        for worker in services.lane_workers(self.logs):
-            self.start(worker)
         self.start(services.maintenance_worker(self.logs))
         self.start(services.beat(self.logs, self.var))
         self.flower_auth = services.flower_credentials(self.var)
         self.start(services.flower(self.flower_port, self.logs, self.flower_auth))
 
+    def start_lane_workers(self):
+        """The lane workers, once the index step ended: a worker loads the built match indexes before its
+        pool forks (workers.signals.warm_indexes), so its pool processes share them and no call builds or
+        loads one. Started beside the build, they found nothing to load and the first semantic call took
+        ~4.6 s. Should the step fail, they start anyway and calls build what they need."""
+        workers = services.lane_workers(self.logs)
+        for worker in workers:
+            self.start(worker)
+        return workers
+
     def wait_ready(self):
+        """Wait for every child to be ready, starting the lane workers once the index step ended (or after
+        READY_SECONDS of it: they start cold rather than never); each part gets READY_SECONDS."""
         deadline = time.monotonic() + READY_SECONDS
-        pending = [child for child in self.children.values() if child.name != 'redis']
-        while pending:
+        pending = [child for child in self.children.values() if child.name != 'redis' and not child.one_shot]
+        lanes_started = False
+        while pending or not lanes_started:
             self.check_children()
+            if not lanes_started and ('indexes' not in self.children or time.monotonic() > deadline):
+                if 'indexes' in self.children:
+                    self.say(f'The match indexes are not built after {READY_SECONDS} s: starting the lane '
+                             'workers without them (the first calls wait for the build).')
+                pending += self.start_lane_workers()
+                lanes_started = True
+                deadline = time.monotonic() + READY_SECONDS
             pending = [child for child in pending if not child.check_ready()]
-            if not pending:
+            if not pending and lanes_started:
                 # Flower inspected the workers when it started, maybe before they were up: ask it again.
                 http_get(f'{self.flower_url}/api/workers?refresh=1',
                          {'Authorization': services.basic_header(self.flower_auth)}, timeout=5)
                 return
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline and lanes_started:
                 child = pending[0]
                 names = ', '.join(c.name for c in pending)
                 raise Stop(f'{names} not ready after {READY_SECONDS} s; the end of {child.log_path}:\n'
@@ -279,12 +298,6 @@ class Launcher:
         else:
             self.say(f'{child.name} failed (exit {child.process.returncode}); calls build what they need '
                      f'themselves. The end of {child.log_path}:\n{tail(child.log_path)}')
-
-    def warm_indexes(self):
-        """Build (first run) or check (later runs) the match indexes in the background, so the first heavy
-        call doesn't spend ~20 s building the semantic index; a call that comes first waits on the same
-        build (concepts.matching.store builds each index once, under a file lock)."""
-        self.start(services.index_step(self.logs))
 
     def watch(self):
         while True:

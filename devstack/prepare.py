@@ -33,18 +33,18 @@ def prepare():
 
 
 def build_indexes():
-    """The lexical and semantic index of every loaded source: built once into VAR_DIR, loaded later."""
+    """The lexical and semantic index of every loaded source: built once into VAR_DIR; a later run only
+    finds them there (the lane workers load them)."""
     _setup_django()
     from concepts.matching import store
     from concepts.models import Source
     from concepts.services import embedder_name
 
     started = time.monotonic()
-    built = []
+    done = []
     for source in Source.objects.all():
-        store.lexical_index(source)
-        store.semantic_index(source, embedder_name())
-        built.append(source.url)
-    print(f'match indexes of {", ".join(built) or "no source"} ready in {time.monotonic() - started:.1f} s',
+        built = store.build_missing(source, embedder_name())
+        done.append(f'{source.url} ({", ".join(built) + " built" if built else "already built"})')
+    print(f'match indexes of {", ".join(done) or "no source"} ready in {time.monotonic() - started:.1f} s',
           flush=True)
     return 0

@@ -100,11 +100,33 @@ def source_key(source):
     return read_source(source)[0]
 
 
+def lexical_directory(key):
+    return key.directory(index_root()) / 'lexical-bm25'
+
+
+def semantic_directory(key, embedder):
+    return key.directory(index_root()) / f'semantic-{embedder.cache_key}'
+
+
+def build_missing(source, embedder_name):
+    """Build the source's lexical and semantic index where they aren't on disk yet, without loading the
+    ones that are; the names of the parts built."""
+    key = source_key(source)
+    built = []
+    if not lexical_directory(key).is_dir():
+        lexical_index(source)
+        built.append('lexical')
+    if not semantic_directory(key, make_embedder(embedder_name)).is_dir():
+        semantic_index(source, embedder_name)
+        built.append('semantic')
+    return built
+
+
 def lexical_index(source, build=True):
     """The source's BM25 index: from this process's cache, else from disk, else built (once, anywhere);
     without `build`, None when it isn't built yet."""
     key = source_key(source)
-    directory = key.directory(index_root()) / 'lexical-bm25'
+    directory = lexical_directory(key)
     if not build and not directory.is_dir():
         return None
     return _get(directory, kind='lexical-bm25', build=lambda: LexicalIndex.build(_table(source, key)),
@@ -115,7 +137,7 @@ def semantic_index(source, embedder_name, build=True):
     """The source's embedding index for the named embedder (see `lexical_index`)."""
     key = source_key(source)
     embedder = make_embedder(embedder_name)
-    directory = key.directory(index_root()) / f'semantic-{embedder.cache_key}'
+    directory = semantic_directory(key, embedder)
     if not build and not directory.is_dir():
         return None
     return _get(directory, kind=f'semantic-{embedder.name}',

@@ -38,6 +38,17 @@ def test_a_built_index_is_saved_and_a_new_process_loads_it_without_refitting(tin
 
 
 @pytest.mark.django_db
+def test_build_missing_builds_only_what_is_not_on_disk_and_loads_nothing(tiny_source, isolated_indexes):
+    before = store.BUILDS.copy()
+    assert store.build_missing(tiny_source, 'tfidf-svd') == ['lexical', 'semantic']
+    assert store.BUILDS - before == {'semantic-tfidf-svd': 1, 'lexical-bm25': 1}
+    store.clear_cache()
+    assert store.build_missing(tiny_source, 'tfidf-svd') == []
+    assert store._cache == {}  # found on disk, not loaded
+    assert store.BUILDS - before == {'semantic-tfidf-svd': 1, 'lexical-bm25': 1}
+
+
+@pytest.mark.django_db
 def test_a_reload_that_changes_the_source_gets_a_new_index(tiny_source, isolated_indexes):
     old = store.lexical_index(tiny_source)
     assert old.search(['xylophone'], 1) == [[]]
