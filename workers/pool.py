@@ -6,8 +6,8 @@ in its main process (started when the worker is ready) that, every WORKERS_RECON
 1. refreshes its heartbeat in the lane's node set (a sorted set scored by expiry, like the leases);
 2. computes its share from the config and the live nodes;
 3. when the share changed since it last applied one, resizes through Celery's own control commands
-   (pool_grow, which forks the new processes at once: `grow_now`; pool_shrink, add_consumer /
-   cancel_consumer) addressed to itself; a share of 0 (the lane paused, or more nodes than slots) stops
+   (pool_grow, which forks the new processes at once: `grow_now`; pool_shrink, after the exited
+   processes are taken out: `shrink_now`; add_consumer / cancel_consumer) addressed to itself; a share of 0 (the lane paused, or more nodes than slots) stops
    consuming the queue, so its calls wait and expire;
 4. publishes what it wants and what it has (share, pool processes, consuming) for /capacity/status/.
 
@@ -55,6 +55,25 @@ def grow_now(state, n=1, **kwargs):
     if 'ok' in reply and hasattr(pool, 'maintain_pool'):
         pool.maintain_pool()
     return reply
+
+
+SHRINK_COMMAND = 'heavy_lanes_pool_shrink'
+
+
+@worker_control.control_command(name=SHRINK_COMMAND, args=[('n', int)], signature='[N=1]')
+def shrink_now(state, n=1, **kwargs):
+    """Celery's `pool_shrink`, after the pool's maintenance has taken out the processes that exited.
+
+    billiard shrinks by stopping idle processes from its list of processes, and takes one that exited
+    out of that list only at its next maintenance (every 5 s). A shrink that found every process busy
+    stops what idle ones there are and fails; the reconciler asks again later (`Sizing.retry`), and if
+    that came before the maintenance, the process the first shrink stopped, exited but still listed and
+    idle, was "stopped" a second time: the pool's count fell below the processes still running, which
+    then all stayed (billiard never stops one over its count) and ran more calls than the lane's pool."""
+    pool = getattr(state.consumer.pool, '_pool', None)
+    if hasattr(pool, 'maintain_pool'):
+        pool.maintain_pool()
+    return worker_control.pool_shrink(state, n, **kwargs)
 
 
 class Sizing:
@@ -229,7 +248,8 @@ class PoolReconciler(threading.Thread):
             control.broadcast(GROW_COMMAND, arguments={'n': share - current}, destination=destination,
                               reply=False)
         elif share < current:
-            control.pool_shrink(current - share, destination=destination, reply=False)
+            control.broadcast(SHRINK_COMMAND, arguments={'n': current - share}, destination=destination,
+                              reply=False)
         logger.info('Lane %s on %s sized %s -> %s', queue, self.hostname, current, share)
 
     def publish(self, queue, share, config):
