@@ -5,6 +5,8 @@ identical work (a warm result or an open call to join: no gate), else the capaci
 throttles, then usage metering and the queue. A capacity refusal therefore costs no throttle allowance and
 no metered usage.
 """
+from contextlib import nullcontext
+
 from django.db import connection
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
@@ -214,32 +216,35 @@ class HeavyCallView(APIView):
         wait = preferences.seconds(config['wait']['default_seconds'], config['wait']['max_seconds'])
         heavy = submission.prepare(request.user, self.endpoint, body, semantic=semantic, reranker=reranker,
                                    idempotency_key=idempotency_key(request), waits=wait > 0, facts=facts)
-        try:
-            earlier = submission.replay(heavy)
-            if earlier is not None:
-                return self.answer(earlier, wait, preferences, facts)
-            with submission.claimed(heavy) as earlier:
-                if earlier is not None:  # a racing request with this Idempotency-Key made the call
+        # Watched before it is published: its end's notice can't come before the watch (workers.notify).
+        with lifecycle.watching(heavy.call_id) if wait > 0 else nullcontext() as watch:
+            try:
+                earlier = submission.replay(heavy)
+                if earlier is not None:
                     return self.answer(earlier, wait, preferences, facts)
-                try:
-                    call, self.admission = submission.submit(heavy, self.check_rate_limits)
-                except submission.BrokerUnavailable as ex:
-                    raise errors.ServiceUnavailable(str(ex)) from ex
-                if call is None:
-                    return Response(refusal_body(self.admission), status=status.HTTP_429_TOO_MANY_REQUESTS)
-        except submission.IdempotencyConflict as ex:
-            raise errors.Unprocessable(str(ex)) from ex
-        return self.answer(call, wait, preferences, facts)
+                with submission.claimed(heavy) as earlier:
+                    if earlier is not None:  # a racing request with this Idempotency-Key made the call
+                        return self.answer(earlier, wait, preferences, facts)
+                    try:
+                        call, self.admission = submission.submit(heavy, self.check_rate_limits)
+                    except submission.BrokerUnavailable as ex:
+                        raise errors.ServiceUnavailable(str(ex)) from ex
+                    if call is None:
+                        return Response(refusal_body(self.admission), status=status.HTTP_429_TOO_MANY_REQUESTS)
+            except submission.IdempotencyConflict as ex:
+                raise errors.Unprocessable(str(ex)) from ex
+            return self.answer(call, wait, preferences, facts, watch if call.pk == heavy.call_id else None)
 
-    def answer(self, call, wait, preferences, facts):
+    def answer(self, call, wait, preferences, facts, watch=None):
         """What the in-request endpoint would have answered, once the call ended within `wait` seconds; a
         handle (202) for a client that asked for one at once (`respond-async` without `wait=N`), when the
-        wait ran out, or when this host can't hold another waiting request."""
+        wait ran out, or when this host can't hold another waiting request. `watch`: this request's watch
+        on the call's end, registered before it was published."""
         waited = 0
         if wait and not call.finished:
             with submission.waiting_slot(self.request.user, wait, facts) as allowed:
                 if allowed:
-                    lifecycle.wait(call, wait)
+                    lifecycle.wait(call, wait, watch=watch, for_answer=True)
                     waited = wait
         if call.finished and (wait or not preferences.respond_async):  # respond-async alone: the handle
             code, body = lifecycle.answer(call)

@@ -11,12 +11,23 @@ POLL_SECONDS while the hub is connected (a notice lost in a reconnect costs at m
 FALLBACK_POLL_SECONDS while it isn't. The hub pings Redis every PING_SECONDS and reconnects when nothing came
 back for STALE_SECONDS, so a connection left half-open by a Redis failover doesn't go deaf for good.
 
+A notice may carry the end itself: a call that succeeded is announced with its stored result (`state`, a
+newline, the result's JSON text, when it is at most NOTICE_RESULT_LIMIT bytes), so the request that waits
+for it answers without reading the row or the result again (workers.lifecycle.reads.wait). Only the code
+that wrote the end (a guarded UPDATE that also shut out a later detach or cancel) may say so; every other
+notice is a bare state and only a wake-up.
+
+A request can register its watch before its call is published (`watch`, then `wait_for(..., watch=)`):
+the call can't end before its watch, so the wait needn't read the row first (a notice, or the first
+periodic look, finds the end).
+
 Written by hand because redis-py's pub/sub gives one connection per subscriber and no fan-out to many
 waiting threads.
 """
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
 import redis
 
@@ -30,57 +41,96 @@ FALLBACK_POLL_SECONDS = 0.25
 PING_SECONDS = 10.0
 STALE_SECONDS = 30.0
 RECONNECT_SECONDS = 1.0
+NOTICE_RESULT_LIMIT = 1 << 20  # a larger result is announced bare: its waiter reads it from the database
 
 
 def get_client():
     return connections.connect('notices')
 
 
-def publish(call_id, state):
-    """Announce that a call reached `state`; never raises (the waiter falls back to reading the row)."""
+def publish(call_id, state, result=None):
+    """Announce that a call reached `state` (with `result`, its stored JSON text, when it succeeded and
+    nothing can change that: see the module docstring); never raises (the waiter falls back to reading
+    the row)."""
+    message = str(state)
+    if result is not None and len(result) <= NOTICE_RESULT_LIMIT:
+        message = f'{message}\n{result}'
     try:
-        get_client().publish(channel(call_id), str(state))
+        get_client().publish(channel(call_id), message)
     except redis.RedisError:
         pass
+
+
+@dataclass(frozen=True)
+class Notice:
+    state: str
+    result: str | None = None  # the stored result's JSON text, when the notice carries it
+
+
+def parse(data):
+    text = data.decode() if isinstance(data, bytes) else str(data)
+    state, newline, result = text.partition('\n')
+    return Notice(state, result if newline else None)
+
+
+class Watch:
+    """One waiting request's interest in one call: woken by each notice, which it keeps until taken."""
+
+    def __init__(self, call_id):
+        self.call_id = call_id
+        self.event = threading.Event()
+        self._notices = []
+        self._lock = threading.Lock()
+
+    def add(self, notice):
+        with self._lock:
+            self._notices.append(notice)
+        self.event.set()
+
+    def take(self):
+        with self._lock:
+            notices, self._notices = self._notices, []
+        return notices
 
 
 class Hub:
     """This process's one subscriber, and the requests waiting on each call."""
 
     def __init__(self):
-        self.waiters = {}  # call id -> set of threading.Event
+        self.waiters = {}  # call id -> set of Watch
         self.lock = threading.Lock()
         self.connected = threading.Event()
         self.thread = None
         self.prefix = channel('')
 
     def watch(self, call_id):
-        """An Event that is set when `call_id`'s notice comes; give it back with `unwatch`."""
-        event = threading.Event()
+        """A Watch woken when `call_id`'s notices come; give it back with `unwatch`."""
+        watch = Watch(call_id)
         with self.lock:
-            self.waiters.setdefault(call_id, set()).add(event)
+            self.waiters.setdefault(call_id, set()).add(watch)
             if self.thread is None or not self.thread.is_alive():
                 self.thread = threading.Thread(target=self.run, name='heavy-lanes-notices', daemon=True)
                 self.thread.start()
-        return event
+        return watch
 
-    def unwatch(self, call_id, event):
+    def unwatch(self, watch):
         with self.lock:
-            events = self.waiters.get(call_id)
-            if events is not None:
-                events.discard(event)
-                if not events:
-                    del self.waiters[call_id]
+            watches = self.waiters.get(watch.call_id)
+            if watches is not None:
+                watches.discard(watch)
+                if not watches:
+                    del self.waiters[watch.call_id]
 
     def waiting(self):
         with self.lock:
             return sum(len(events) for events in self.waiters.values())
 
-    def wake(self, call_id):
+    def wake(self, call_id, notice=None):
+        notice = notice or Notice('')
         with self.lock:
-            events = list(self.waiters.get(call_id, ()))
-        for event in events:
-            event.set()
+            watches = list(self.waiters.get(call_id, ()))
+        for watch in watches:
+            watch.add(notice)
 
     def run(self):
         while True:
@@ -109,7 +159,7 @@ class Hub:
                     elif kind == 'pmessage':
                         name = message['channel']
                         name = name.decode() if isinstance(name, bytes) else name
-                        self.wake(name[len(self.prefix):])
+                        self.wake(name[len(self.prefix):], parse(message.get('data', '')))
                 if now - pinged >= PING_SECONDS:
                     pubsub.ping()
                     pinged = now
@@ -129,21 +179,32 @@ def get_hub():
     return _hubs.get()
 
 
-def wait_for(call_id, is_finished, timeout):
-    """Wait up to `timeout` s until `is_finished()` is true; return its last value."""
+def wait_for(call_id, is_finished, timeout, watch=None, ended_by=None):
+    """Wait up to `timeout` s until `is_finished()` is true; return its last value.
+
+    `watch`: one the caller registered (`get_hub().watch`) before the call could end; it keeps and gives
+    it back. The row isn't read before a notice or the first periodic look then.
+    `ended_by(notice)`: True when a notice alone says the call ended (then the row isn't read)."""
     if timeout <= 0:
         return is_finished()
     deadline = time.monotonic() + timeout
     hub = get_hub()
-    event = hub.watch(call_id)
+    own = watch is None
+    watch = hub.watch(call_id) if own else watch
+    look = own
     try:
         while True:
-            if is_finished():
+            if look and is_finished():
                 return True
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            event.wait(min(left, POLL_SECONDS if hub.connected.is_set() else FALLBACK_POLL_SECONDS))
-            event.clear()
+            watch.event.wait(min(left, POLL_SECONDS if hub.connected.is_set() else FALLBACK_POLL_SECONDS))
+            watch.event.clear()
+            notices = watch.take()
+            if ended_by is not None and any(ended_by(notice) for notice in notices):
+                return True
+            look = True
     finally:
-        hub.unwatch(call_id, event)
+        if own:
+            hub.unwatch(watch)

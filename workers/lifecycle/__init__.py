@@ -28,7 +28,7 @@
   find the calls nothing else would end or run, `redeliver` publishes again the message of one that lost
   it, `forget_finished` deletes old calls with their results.
 - reads: `position`, `estimate` and `progress` (when it should start and finish, the poll hint),
-  `result`, `answer`, `wait`, `log_line`. Workers and views call this package and never
+  `result`, `answer`, `wait` (with `watching`), `log_line`. Workers and views call this package and never
   write a call's state themselves; it is the only code that reads the stored results.
 """
 from workers.lifecycle.create import enqueue, send
@@ -37,7 +37,7 @@ from workers.lifecycle.ending import (
 )
 from workers.lifecycle.reads import (
     Progress, admission_of, answer, error_of, estimate, log_line, position, progress, result, stored_result,
-    wait,
+    wait, watching,
 )
 from workers.lifecycle.running import (
     BUSY, ENDED, EXPIRE, RUN, Failure, Start, beat, busy_retry_in, fail, holder_gone, load, note_limiter, start,
@@ -53,5 +53,5 @@ __all__ = [
     'end_unstarted', 'ended', 'enqueue', 'error_of', 'estimate', 'expire', 'fail', 'forget_finished',
     'holder_gone', 'join', 'load', 'log_line', 'maybe_lost', 'note_limiter', 'overdue', 'position',
     'progress', 'redeliver', 'result', 'send', 'serve_cached', 'settle', 'start', 'stopped', 'stored_result',
-    'succeed', 'taken_over', 'time_out', 'unsettled', 'wait', 'wait_stopped', 'worker_name',
+    'succeed', 'taken_over', 'time_out', 'unsettled', 'wait', 'wait_stopped', 'watching', 'worker_name',
 ]

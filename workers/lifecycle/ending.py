@@ -160,10 +160,11 @@ def ended(call, lease=None, count=True):
     """What follows any end: the counter (once per call: `count`), the log line and the completion notice;
     for the leader of a work, identical calls stop joining it (and are answered from its result, when it
     succeeded), then its followers end the same way: looked for only when one joined it (its joined mark),
-    which saves the end of every call that had none a query."""
+    which saves the end of every call that had none a query. A success whose result `succeed` kept
+    (`result_text`) is announced with it, to the call's and its followers' waiting requests."""
     if count:
         counters.record_end(call.queue, call.state)
     log_line(call, lease)
-    notify.publish(call.pk, call.state)
+    notify.publish(call.pk, call.state, getattr(call, 'result_text', None))
     if call.leader_id is None and call.work_key and sharing.release_work(call) is not False:
         sharing.settle(call)  # a call joined it, or Redis couldn't say: end its open followers

@@ -4,6 +4,7 @@ results."""
 import json
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -38,8 +39,8 @@ def stored_result(call_id):
 
 def result(call):
     """The stored result of a succeeded call (the Celery result backend holds it, by task id); a handle
-    that shared its work shows its leader's."""
-    text = stored_result(call.work_id)
+    that shared its work shows its leader's. One that a notice brought (`wait`) isn't read again."""
+    text = getattr(call, 'result_text', None) or stored_result(call.work_id)
     return json.loads(text) if text else None
 
 
@@ -167,8 +168,25 @@ WAIT_FIELDS = ['state', 'started_at', 'finished_at', 'error', 'error_status', 'e
 HOLD_CONNECTION_SECONDS = 1.0
 
 
-def wait(call, seconds):
+@contextmanager
+def watching(call_id):
+    """A watch on the end of `call_id` (workers.notify) for `wait`, made before the call is published so
+    that no look at its row is needed before its notice."""
+    hub = notify.get_hub()
+    watch = hub.watch(call_id)
+    try:
+        yield watch
+    finally:
+        hub.unwatch(watch)
+
+
+def wait(call, seconds, watch=None, for_answer=False):
     """Wait up to `seconds` for `call` to end; keeps `call`'s state and timings fresh; True when it ended.
+
+    `watch`: the notice watch the caller registered before the call was published (workers.notify).
+    `for_answer`: the caller needs only what the in-request endpoint would answer: a notice that carries
+    the call's result ends the wait without reading the row (`call.state` is then fresh, its timings not,
+    and `call.result_text` holds the result for `answer`).
 
     A waiting request gives its database connection back between looks: at once to the process's pool
     (api/settings.py, DATABASE_POOL_SIZE), else once it has waited HOLD_CONNECTION_SECONDS (Django opens a
@@ -178,14 +196,25 @@ def wait(call, seconds):
     started = time.monotonic()
     pooled = bool(connection.settings_dict.get('OPTIONS', {}).get('pool'))
 
+    def rest():
+        if (pooled or time.monotonic() - started >= HOLD_CONNECTION_SECONDS) and not connection.in_atomic_block:
+            connection.close()
+
     def finished():
         call.refresh_from_db(fields=WAIT_FIELDS)
         if call.finished:
             return True
-        if (pooled or time.monotonic() - started >= HOLD_CONNECTION_SECONDS) and not connection.in_atomic_block:
-            connection.close()
+        rest()
         return False
-    return notify.wait_for(call.pk, finished, seconds)
+
+    def ended_by(notice):
+        if notice.state != State.SUCCEEDED or notice.result is None:
+            return False
+        call.state, call.result_text = State.SUCCEEDED, notice.result
+        return True
+    if watch is not None:
+        rest()  # no first look (wait_for): the connection goes back before the wait, not after it
+    return notify.wait_for(call.pk, finished, seconds, watch=watch, ended_by=ended_by if for_answer else None)
 
 
 def ms_between(start_at, end_at):

@@ -122,17 +122,24 @@ def succeed(call, result, worker=None):
     """Record that a running call succeeded with `result`: the result and the state in one transaction.
 
     False (and nothing stored) when the call is no longer running on `worker` (cancelled meanwhile). The
-    caller releases the leases, then calls `ended`.
+    caller releases the leases, then calls `ended`. `call.result_text` is then the stored result's JSON
+    text when the end announces it (workers.notify): the update found the call not detached, and being
+    ended it can't be detached or cancelled any more, so what its owner waits for is this result. A
+    detached leader (its owner cancelled it, its followers wait for the work) is ended by a second
+    update and announced bare; `call.work_result_text` is the text either way, for its followers.
     """
     finished_at = timezone.now()
     running = HeavyCall.objects.filter(pk=call.pk, state=State.RUNNING)
     if worker is not None:
         running = running.filter(worker=worker)
     with transaction.atomic():
-        if not running.update(state=State.SUCCEEDED, finished_at=finished_at, error=''):
+        owned = running.filter(detached_at__isnull=True).update(state=State.SUCCEEDED, finished_at=finished_at,
+                                                                error='')
+        if not owned and not running.update(state=State.SUCCEEDED, finished_at=finished_at, error=''):
             return False
-        store_result(call.pk, result)
+        text = store_result(call.pk, result)
     call.state, call.finished_at, call.error = State.SUCCEEDED, finished_at, ''
+    call.work_result_text, call.result_text = text, (text if owned else None)
     return True
 
 
@@ -160,6 +167,7 @@ def store_result(call_id, result):
     TaskResult.objects.bulk_create([row], update_conflicts=True, unique_fields=['task_id'], update_fields=[
         'status', 'result', 'content_type', 'content_encoding', 'meta', 'task_name', 'worker', 'task_args',
         'task_kwargs', 'date_done'])
+    return data
 
 
 @dataclass(frozen=True)

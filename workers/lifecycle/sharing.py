@@ -98,7 +98,8 @@ def settle(leader):
     for call in HeavyCall.objects.filter(pk__in=ended_ids):
         counters.record_end(call.queue, call.state)
         log_line(call)
-        notify.publish(call.pk, call.state)
+        # A follower's result is its leader's (reads.result); announced with it when the leader's end was.
+        notify.publish(call.pk, call.state, getattr(leader, 'work_result_text', None))
     return ended_ids
 
 

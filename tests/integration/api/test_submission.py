@@ -203,6 +203,34 @@ def test_prefer_wait_answers_200_with_the_result_when_it_finishes_in_time(
     assert lanes_redis.zcard(lane_key(Lane.API_HEAVY_TASK, 'test-host')) == 0
 
 
+def test_a_waiting_request_is_answered_from_its_calls_end_notice_without_reading_it_again(
+        in_process_worker, tiny_source, make_user, api_as, lanes_redis, monkeypatch):
+    """The worker announces a success with its result; the request that waits for it, watching since
+    before the call was published, answers from that notice: no look at the row, no read of the result."""
+    from workers import notify
+    from workers.lifecycle import reads
+    hub = notify.get_hub()
+    hub.unwatch(hub.watch('warm-up'))  # the hub subscribes: the request's watch begins connected
+    assert hub.connected.wait(5)
+    looks, results = [], []
+    real_stored_result = reads.stored_result
+    monkeypatch.setattr(reads, 'stored_result', lambda call_id: results.append(call_id) or real_stored_result(call_id))
+    real_wait_for = notify.wait_for
+
+    def counting_wait_for(call_id, is_finished, *args, **kwargs):
+        return real_wait_for(call_id, lambda: looks.append(call_id) or is_finished(), *args, **kwargs)
+    monkeypatch.setattr(notify, 'wait_for', counting_wait_for)
+    client = api_as(make_user())
+    started = time.monotonic()
+    response = match(client, tiny_source, HTTP_PREFER='wait=20')
+    assert response.status_code == 200, response.content
+    assert time.monotonic() - started < notify.POLL_SECONDS  # not found by a periodic look
+    assert looks == [] and results == []
+    task = client.get(response['Content-Location']).json()
+    assert task['state'] == 'succeeded' and task['result'] == response.json()
+    assert int(response['num_returned']) == sum(len(entry['results']) for entry in response.json())
+
+
 @pytest.mark.slow
 def test_respond_async_with_wait_answers_the_result_of_a_call_that_ends_in_time(
         in_process_worker, tiny_source, make_user, api_as, lanes_redis):

@@ -82,6 +82,28 @@ def test_succeed_stores_the_result_with_the_state_and_only_for_a_running_call(ma
     assert HeavyCall.objects.get(pk=call.pk).state == 'succeeded'
 
 
+def test_a_success_is_announced_with_its_result_unless_its_owner_let_go_of_it(make_user, lanes):
+    """The end's notice carries the stored result for the owner's waiting request only when the success
+    shut out a detach (workers.notify); a detached leader's is bare, its followers' carry it."""
+    import json
+
+    from workers.models import State
+    owned, detached = queued(make_user()), queued(make_user())
+    for call in (owned, detached):
+        lifecycle.start(call, 'w@me pid 1')
+    HeavyCall.objects.filter(pk=detached.pk).update(detached_at=timezone.now())
+    published = []
+    with mock.patch('workers.notify.publish', side_effect=lambda *args: published.append(args)):
+        for call in (owned, detached):
+            assert lifecycle.succeed(call, [{'n': call.pk}], worker='w@me pid 1')
+            lifecycle.ended(call)
+    assert [(call_id, state) for call_id, state, _ in published] == [(owned.pk, State.SUCCEEDED),
+                                                                     (detached.pk, State.SUCCEEDED)]
+    assert json.loads(published[0][2]) == [{'n': owned.pk}] and published[1][2] is None
+    assert json.loads(detached.work_result_text) == [{'n': detached.pk}]
+    assert HeavyCall.objects.get(pk=detached.pk).state == State.SUCCEEDED
+
+
 def test_a_result_row_is_written_as_the_result_backend_writes_it_and_the_backend_reads_it(make_user, lanes):
     from celery import states
     from django_celery_results.models import TaskResult

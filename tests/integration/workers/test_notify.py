@@ -84,6 +84,52 @@ def test_the_hub_outlives_a_connection_closed_under_it(monkeypatch):
         return listen()
     monkeypatch.setattr(hub, 'listen', closed_once)
     monkeypatch.setattr(notify, 'RECONNECT_SECONDS', 0.05)
-    event = hub.watch('x')
+    watch = hub.watch('x')
     assert hub.connected.wait(5) and failures and hub.thread.is_alive()
-    hub.unwatch('x', event)
+    hub.unwatch(watch)
+
+
+def test_a_notice_can_carry_the_result_and_a_watch_made_before_the_publish_needs_no_first_look():
+    call_id = uuid.uuid4().hex
+    looks, heard = [], []
+    hub = notify.get_hub()
+    hub.unwatch(hub.watch('warm-up'))  # starts the hub
+    assert hub.connected.wait(5)
+    with_result = '[{"row": {"name": "x"}, "results": []}]'
+
+    def ended_by(notice):
+        heard.append(notice)
+        return notice.state == 'succeeded' and notice.result is not None
+    watch = hub.watch(call_id)
+    try:
+        later(0.2, notify.publish, call_id, 'running?')  # a bare notice: only a wake-up, the row is read
+        later(0.4, notify.publish, call_id, 'succeeded', with_result)
+        started = time.monotonic()
+        assert notify.wait_for(call_id, lambda: looks.append(1) and False, 5, watch=watch, ended_by=ended_by)
+        assert time.monotonic() - started < notify.POLL_SECONDS
+    finally:
+        hub.unwatch(watch)
+    assert len(looks) == 1  # after the bare notice; none before it, none after the one with the result
+    assert heard == [notify.Notice('running?'), notify.Notice('succeeded', with_result)]
+
+
+def test_a_result_too_large_for_a_notice_is_announced_bare(monkeypatch):
+    monkeypatch.setattr(notify, 'NOTICE_RESULT_LIMIT', 10)
+    call_id, heard = uuid.uuid4().hex, []
+    done = []
+    later(0.2, notify.publish, call_id, 'succeeded', '[' + '1,' * 20 + '1]')
+    later(0.3, done.append, 1)
+    assert notify.wait_for(call_id, lambda: bool(done), 5, ended_by=lambda notice: heard.append(notice))
+    assert heard[0] == notify.Notice('succeeded')
+
+
+def test_a_watch_made_before_the_publish_on_a_hub_not_connected_finds_the_end_by_its_fallback_look(
+        monkeypatch):
+    hub = notify.Hub()
+    monkeypatch.setattr(notify, 'get_hub', lambda: hub)
+    monkeypatch.setattr(hub, 'run', lambda: None)  # never connects
+    watch, looks = hub.watch('y'), []
+    started = time.monotonic()
+    assert notify.wait_for('y', lambda: looks.append(1) or True, 5, watch=watch)
+    assert notify.FALLBACK_POLL_SECONDS <= time.monotonic() - started < notify.POLL_SECONDS and looks == [1]
+    hub.unwatch(watch)
