@@ -219,18 +219,14 @@ class HeavyCallView(APIView):
         # Watched before it is published: its end's notice can't come before the watch (workers.notify).
         with lifecycle.watching(heavy.call_id) if wait > 0 else nullcontext() as watch:
             try:
-                earlier = submission.replay(heavy)
-                if earlier is not None:
-                    return self.answer(earlier, wait, preferences, facts)
-                with submission.claimed(heavy) as earlier:
-                    if earlier is not None:  # a racing request with this Idempotency-Key made the call
-                        return self.answer(earlier, wait, preferences, facts)
-                    try:
-                        call, self.admission = submission.submit(heavy, self.check_rate_limits)
-                    except submission.BrokerUnavailable as ex:
-                        raise errors.ServiceUnavailable(str(ex)) from ex
+                with submission.claimed(heavy) as call:  # this Idempotency-Key's call: before, or racing us
                     if call is None:
-                        return Response(refusal_body(self.admission), status=status.HTTP_429_TOO_MANY_REQUESTS)
+                        try:
+                            call, self.admission = submission.submit(heavy, self.check_rate_limits)
+                        except submission.BrokerUnavailable as ex:
+                            raise errors.ServiceUnavailable(str(ex)) from ex
+                if call is None:
+                    return Response(refusal_body(self.admission), status=status.HTTP_429_TOO_MANY_REQUESTS)
             except submission.IdempotencyConflict as ex:
                 raise errors.Unprocessable(str(ex)) from ex
             return self.answer(call, wait, preferences, facts, watch if call.pk == heavy.call_id else None)

@@ -1,8 +1,8 @@
-"""The service the heavy-call views call, in the order it runs: prepare, replay, submit, wait.
+"""The service the heavy-call views call, in the order it runs: prepare, claim (and replay), submit, wait.
 
     heavy = prepare(user, '$match', body, semantic=True, idempotency_key=key, waits=True, facts=facts)
-    earlier = replay(heavy)                 # the same Idempotency-Key and payload: that call, no new lease
-    with claimed(heavy) as earlier:         # one request per key at a time; a racing one gets the first's call
+    with claimed(heavy) as earlier:         # one request per key at a time; `earlier`: the call this key and
+        if earlier is not None: ...         # payload made (no new lease), a racing request's included
         call, admission = submit(heavy, throttle)  # shared with identical work, or admitted and enqueued
         if call is None: ...                # 429: refused, nothing was taken or written
     with waiting_slot(user, seconds) as allowed:  # a request that waits for the result, if this host can hold it
@@ -114,13 +114,18 @@ def prepare(user, endpoint, body, semantic=False, reranker=False, idempotency_ke
 
 def replay(heavy):
     """The earlier call this user made with the same Idempotency-Key, or None; IdempotencyConflict for
-    another payload."""
+    another payload. Looked for by two columns first: most keys are new, and the whole row costs a miss
+    twice the ORM's time."""
     if not heavy.idempotency_key:
         return None
-    call = HeavyCall.objects.filter(owner=heavy.user, idempotency_key=heavy.idempotency_key).first()
-    if call is not None and call.fingerprint != heavy.digest:
+    found = HeavyCall.objects.filter(owner=heavy.user, idempotency_key=heavy.idempotency_key).values_list(
+        'pk', 'fingerprint')[:1]
+    if not found:
+        return None
+    pk, digest = found[0]
+    if digest != heavy.digest:
         raise IdempotencyConflict(heavy.idempotency_key)
-    return call
+    return HeavyCall.objects.filter(pk=pk).first()
 
 
 CLAIM_SECONDS = 10      # a claim outlives a stuck request by at most this much
@@ -136,7 +141,8 @@ def claimed(heavy):
     first claims the key in Redis (SET NX); a second waits up to CLAIM_WAIT_SECONDS for the first one's
     row and is answered with it (`replay`), or claims the key itself when the first gave up without a
     call (refused, 503). Without Redis the constraint alone still gives both one call.
-    Yields the earlier call when this request is to be answered with it, else None.
+    Yields the earlier call when this request is to be answered with it (a resend of a call made before,
+    found by the one `replay` after the claim), else None.
     """
     if not heavy.idempotency_key:
         yield None
@@ -156,8 +162,9 @@ def claimed(heavy):
             else:
                 held = None
             if held is not False:
-                # The key may have been claimed and released by a request that made the call meanwhile.
-                yield replay(heavy) if held else None
+                # A resend of a call made earlier, or one a request that claimed and released the key
+                # made meanwhile; without Redis (None) too, so a resend still gets its call at once.
+                yield replay(heavy)
                 return
             earlier = replay(heavy)
             if earlier is not None or time.monotonic() >= deadline:
