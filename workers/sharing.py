@@ -61,8 +61,10 @@ class Found:
 def find(key, config=None):
     """The open leader or the warm result of the work `key`, or None (this call runs the work itself).
 
-    Reads only. A claim whose call ended (its end couldn't give the claim up) is given up here; a claim
-    whose call's row isn't committed yet is waited for, up to LEADER_ROW_WAIT_SECONDS.
+    Reads only. A claim whose call succeeded serves its result (its end, which turns the claim into the
+    warm pointer, may not have run yet: that moment used to run the work a second time); a claim whose
+    call ended otherwise (its end couldn't give the claim up) is given up here; a claim whose call's row
+    isn't committed yet is waited for, up to LEADER_ROW_WAIT_SECONDS.
     """
     store = get_store()
     if not key or not store.is_available():
@@ -87,6 +89,9 @@ def find(key, config=None):
             time.sleep(0.02)
         if leader is not None and leader.state in OPEN_STATES and leader.work_key == key:
             return Found(ServedAs.COALESCED, leader)
+        if leader is not None and leader.work_key == key and ttl > 0 and (source := warm(leader.pk, ttl)):
+            # It succeeded and its end hasn't given the claim up yet (nor set the warm pointer): its result.
+            return Found(ServedAs.CACHED, source)
         try:  # the claim outlived its call (or its call never committed): give it up, look again
             store.unclaim(claim, leader_id)
         except Exception as ex:  # noqa: BLE001

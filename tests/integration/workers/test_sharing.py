@@ -171,6 +171,16 @@ def test_find_answers_from_a_warm_result_only_within_the_ttl_in_force(make_user,
     assert sharing.find(KEY) is None  # 0 turns warm results off
 
 
+def test_a_claim_whose_call_succeeded_before_its_end_released_it_serves_its_result(make_user, lanes):
+    """Between a leader's success (committed) and its end (the claim turned into the warm pointer), an
+    identical call is served its result, not run a second time."""
+    lead = leader(make_user())
+    assert lifecycle.start(lead, 'w@me pid 1').kind == lifecycle.RUN
+    assert lifecycle.succeed(lead, {'n': 1}, worker='w@me pid 1')  # ended() not yet: the claim is still held
+    found = sharing.find(KEY)
+    assert (found.served_as, found.call.pk) == ('cached', lead.pk)
+
+
 def test_a_claim_whose_call_ended_is_given_up(make_user, lanes):
     lead = leader(make_user())
     HeavyCall.objects.filter(pk=lead.pk).update(state='failed', finished_at=timezone.now())  # its end cut short
