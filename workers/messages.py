@@ -6,7 +6,9 @@ CELERY_BROKER_TRANSPORT_OPTIONS['global_keyprefix']:
 - one list per queue and priority level: `<queue>` for level 0, `<queue>\\x06\\x16<level>` for the others
   (`priority_steps`); each element is a JSON message whose `headers.id` is the task id, i.e. the call id;
 - the hash `unacked` (delivery tag -> JSON `[message, exchange, routing_key]`): the messages a worker took
-  and hasn't acknowledged yet (a late ack: the call is running, or was when its node died).
+  and hasn't acknowledged yet (a late ack: the call is running, or was when its node died), and the sorted
+  set `unacked_index` (delivery tag -> the time it was taken), which kombu reads to deliver again the
+  messages held longer than the visibility timeout.
 
 Written by hand because kombu has no API to look inside a queue or take one message out of it (Celery's
 `purge` empties a whole queue). Everything here reads or changes the broker only; the state of a call is
@@ -14,6 +16,7 @@ workers.lifecycle's. No Celery import.
 """
 import json
 import logging
+from dataclasses import dataclass
 
 from django.conf import settings
 
@@ -22,6 +25,7 @@ from common import connections
 logger = logging.getLogger('heavy_lanes')
 PRIORITY_SEPARATOR = '\x06\x16'  # '<queue>\x06\x16<level>' for the levels above 0
 UNACKED = 'unacked'
+UNACKED_INDEX = 'unacked_index'
 
 
 def prefix():
@@ -55,8 +59,26 @@ def unacked_id(raw):
         return None
 
 
-def present(queues, client=None):
-    """The call ids with a message on the broker: waiting in one of `queues`' lists, or unacknowledged.
+@dataclass(frozen=True)
+class Held:
+    """One message a worker took and hasn't acknowledged: whose, its delivery tag, and when it was taken
+    (Unix seconds; 0 when the index has no time for it)."""
+    call_id: str
+    tag: str
+    taken_at: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    waiting: set  # call ids with a message on one of the queues' lists
+    held: list    # Held, one per unacknowledged message
+
+    def ids(self):
+        return self.waiting | {held.call_id for held in self.held}
+
+
+def snapshot(queues, client=None):
+    """What the broker holds for `queues`: the waiting messages' call ids and the unacknowledged messages.
 
     One MULTI/EXEC, so a message moving from a list to `unacked` (a worker taking it) is seen in one place
     or the other, except in the few milliseconds between kombu's BRPOP and its write to `unacked`.
@@ -66,12 +88,39 @@ def present(queues, client=None):
     names = [name for queue in queues for name in lists(queue)]
     for name in names:
         pipe.lrange(name, 0, -1)
-    pipe.hvals(prefix() + UNACKED)
+    pipe.hgetall(prefix() + UNACKED)
+    pipe.zrange(prefix() + UNACKED_INDEX, 0, -1, withscores=True)
     replies = pipe.execute()
-    ids = {message_id(raw) for reply in replies[:-1] for raw in reply}
-    ids.update(unacked_id(raw) for raw in replies[-1])
-    ids.discard(None)
-    return ids
+    waiting = {message_id(raw) for reply in replies[:-2] for raw in reply}
+    waiting.discard(None)
+    taken = {text(tag): score for tag, score in replies[-1]}
+    held = []
+    for tag, raw in replies[-2].items():
+        call_id = unacked_id(raw)
+        if call_id is not None:
+            held.append(Held(call_id, text(tag), taken.get(text(tag), 0.0)))
+    return Snapshot(waiting, held)
+
+
+def present(queues, client=None):
+    """The call ids with a message on the broker: waiting in one of `queues`' lists, or unacknowledged."""
+    return snapshot(queues, client).ids()
+
+
+def text(value):
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def drop_held(held, client=None):
+    """Take one unacknowledged message off the broker's books (`unacked` and its index); whether it was
+    still there. For a message its worker lost (the call never started) or of a call that ended: kombu
+    would otherwise deliver it again only after the visibility timeout. A worker that still holds it and
+    acknowledges it later removes nothing."""
+    client = client or broker()
+    pipe = client.pipeline(transaction=True)
+    pipe.hdel(prefix() + UNACKED, held.tag)
+    pipe.zrem(prefix() + UNACKED_INDEX, held.tag)
+    return bool(pipe.execute()[0])
 
 
 def discard(call_id, queue, client=None):

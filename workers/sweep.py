@@ -4,19 +4,25 @@ nothing else would end or run, and ends or sends them through workers.lifecycle:
 1. a queued call past its queue deadline ends `expired` (its leases are released, its line logged and its
    message taken off the broker), even when nobody polls it and no worker sees its message;
 2. a queued call older than WORKERS_SWEEP_GRACE_SECONDS whose message is on no broker list and not
-   unacknowledged (a Redis that lost its data, a publish that never landed) is published again with the
-   same task id, while its deadline hasn't passed;
+   unacknowledged (a Redis that lost its data, a publish that never landed), or whose message a worker took
+   more than that long ago without starting it (the worker lost it: a pool process that died with the job
+   in its pipe, a broker connection cut between the read and the run), is published again with the same
+   task id, while its deadline hasn't passed; the lost delivery's entry is taken off `unacked`, or kombu
+   would deliver it once more after the visibility timeout;
 3. a running call whose heartbeat is older than `lease_seconds` (its worker is gone) and whose message is
    nowhere on the broker is published again too: the next delivery takes over (lifecycle.start);
 4. followers still open whose leader ended (its end was cut short before it settled them) end as it did;
 5. the message of a call that ended while queued and is still on a list (a cancel whose discard failed) is
-   taken out, so a queue's depth counts only calls that still wait.
+   taken out, so a queue's depth counts only calls that still wait; so is the unacknowledged entry of a
+   call that ended, once it is older than the grace period (a worker lost that delivery: nothing would
+   ever acknowledge it).
 
 One sweep runs at a time across the cluster (a Redis lock that expires by itself). A message that appears
 twice (a worker took it in the instant between the broker read and the republish) is a duplicate, which
 lifecycle.start drops. Written by hand: kombu and Celery have no notion of a message that went missing.
 """
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -83,20 +89,39 @@ def run_steps(report, grace_seconds, broker):
             report.expired.append(call.pk)
     stale_seconds = get_config()['lease_seconds']
     candidates = lifecycle.maybe_lost(grace_seconds, stale_seconds)
-    present = messages.present(lanes.QUEUE_NAMES, broker)
+    found = messages.snapshot(lanes.QUEUE_NAMES, broker)
+    held = {}
+    for entry in found.held:
+        held.setdefault(entry.call_id, []).append(entry)
+    taken_before = time.time() - grace_seconds
     for call in candidates:
-        if call.pk not in present and lifecycle.redeliver(call, stale_seconds):
+        if call.pk in found.waiting:
+            continue
+        if call.pk in held:
+            entries = held[call.pk]
+            if call.state != State.QUEUED or any(entry.taken_at > taken_before for entry in entries):
+                continue  # a worker has it (running, or only just taken)
+            if not sum(messages.drop_held(entry, broker) for entry in entries):
+                continue  # acknowledged in the meantime: its worker ran it
+            logger.warning('Heavy call %s: a worker took its message %.0f s ago and never started it',
+                           call.pk, time.time() - max(entry.taken_at for entry in entries))
+        if lifecycle.redeliver(call, stale_seconds):
             report.resent.append(call.pk)
-    report.discarded = discard_ended(present, broker)
+    report.discarded = discard_ended(found, taken_before, broker)
 
 
-def discard_ended(present, broker):
-    """Take the waiting messages of calls that already ended off the broker; return how many."""
-    ids = list(present)
+def discard_ended(found, taken_before, broker):
+    """Take the waiting messages of calls that already ended off the broker, and their unacknowledged
+    entries taken before `taken_before`; return how many were removed."""
+    ids = list(found.ids())
     removed = 0
     for start in range(0, len(ids), 500):
-        ended = HeavyCall.objects.filter(pk__in=ids[start:start + 500]).exclude(
-            state__in=(State.QUEUED, State.RUNNING)).values_list('pk', 'queue')
-        for call_id, queue in ended:
-            removed += messages.discard(call_id, queue, broker)
+        ended = dict(HeavyCall.objects.filter(pk__in=ids[start:start + 500]).exclude(
+            state__in=(State.QUEUED, State.RUNNING)).values_list('pk', 'queue'))
+        for call_id, queue in ended.items():
+            if call_id in found.waiting:
+                removed += messages.discard(call_id, queue, broker)
+        for entry in found.held:
+            if entry.call_id in ended and entry.taken_at <= taken_before:
+                removed += messages.drop_held(entry, broker)
     return removed

@@ -4,7 +4,9 @@ worker picks it up. Whatever the moment, once the cancel answers `cancelled` the
 with a stored result: a call cancelled while queued never starts, and one cancelled while it ran keeps
 its leases, and its row says it runs, until the pool process running it has exited or returned from it
 (a process returning on its own as the cancel's terminate signal reaches it dies instead: gone at once).
-No lease is left at the end, and no call runs twice."""
+No lease is left at the end, no call runs twice, and nothing is left on the broker: now and then the pool
+hands a call to the process a cancel is terminating, and that delivery is lost (the call stays queued, its
+message taken and never acknowledged); the sweep sends it again and takes the lost entry off."""
 import json
 import threading
 import time
@@ -28,6 +30,7 @@ from workers.models import HeavyCall
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 CLIENTS = 4
 ROUNDS = 52  # per client: 208 races
+GRACE_SECONDS = 3  # the sweep's: a delivery taken and not started for longer was lost
 DELAYS = (0, 0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.06, 0.1, 0.2, 0.4)  # s, one a round in turn
 # A cancelled call's run that stopped its own work releases its leases and marks the row stopped
 # (heartbeat_at cleared) a moment before its process returns from the task: longer than this between
@@ -93,6 +96,7 @@ def test_a_delete_racing_the_start_never_lets_the_work_complete_or_its_leases_go
               tiers={'staff': 40, 'core': 40, 'early_access': 40, 'preview': 40})
     url = fault_stack.api(threads=16)
     worker = fault_stack.worker(name='knn', queues=('es2_knn',))
+    maintenance = fault_stack.maintenance(sweep_seconds=1, grace_seconds=GRACE_SECONDS)
     wait_until(lambda: (fault_stack.status()['queues']['es2_knn']['workers'].get(worker.node) or {}).get(
         'processes') == 2, timeout=30, interval=0.2, message='a pool of two')
     users = [make_user() for _ in range(CLIENTS)]
@@ -174,11 +178,9 @@ def test_a_delete_racing_the_start_never_lets_the_work_complete_or_its_leases_go
     ids = [race.call_id for race in races]
     wait_until(lambda: not HeavyCall.objects.filter(pk__in=ids).exclude(state__in=FINAL).exists(), timeout=60,
                message='every call to end')
-    try:
-        wait_until(lambda: not fault_stack.messages(), timeout=30, message='every message handled')
-        held = set()
-    except AssertionError:
-        held = fault_stack.messages()
+    # Nothing is left on the broker: a delivery the pool lost is sent again or, its call ended, taken off.
+    wait_until(lambda: not fault_stack.messages(), timeout=GRACE_SECONDS + 30, interval=0.5,
+               message=f'every message handled: {fault_stack.messages()}')
     wait_until(lambda: fault_stack.leases() == 0, timeout=10,
                message=f'no lease left: {fault_stack.lease_members()}')
 
@@ -219,16 +221,8 @@ def test_a_delete_racing_the_start_never_lets_the_work_complete_or_its_leases_go
             assert (calls[race.call_id].state, calls[race.call_id].attempts) == ('succeeded', 1), race
             assert race.call_id in results
     ends = {}
-    for line in capacity_lines([worker, *fault_stack.apis]):
+    for line in capacity_lines([worker, maintenance, *fault_stack.apis]):
         if line.get('task_id') in calls and line.get('state') in FINAL:
             ends[line['task_id']] = ends.get(line['task_id'], 0) + 1
     assert ends == dict.fromkeys(calls, 1)
     lanes.close()
-    if held:
-        # Open bug (docs/benchmarks.md, "Found on the way", 2026-12-02): on a slow machine the worker now
-        # and then keeps the message of a call cancelled while queued taken and never acknowledged (until
-        # the visibility timeout). Nothing runs and nothing is lost, as checked above; any other message
-        # left is a failure.
-        assert all(call_id in calls and (calls[call_id].state, calls[call_id].attempts) == ('cancelled', 0)
-                   for call_id in held), held
-        pytest.xfail(f'known bug: {len(held)} message(s) of calls cancelled while queued held unacknowledged')

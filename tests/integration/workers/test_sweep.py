@@ -1,6 +1,7 @@
 """The sweep, on the real broker: calls past their deadline end `expired` unpolled, and calls whose message
 went missing are sent again (and run once); a live worker's call never is."""
 import json
+import time
 from datetime import timedelta
 
 import pytest
@@ -99,3 +100,54 @@ def test_a_running_call_with_a_dead_worker_past_its_queue_deadline_is_taken_over
     configure(es2_knn=3)
     assert poll(client, call_id, timeout=30).json()['state'] == 'succeeded'
     assert HeavyCall.objects.get(pk=call_id).attempts == 2  # taken over
+
+
+def take(broker, queue, tag, seconds_ago):
+    """What a worker that took the queue's message `seconds_ago` and never acknowledged it leaves (kombu's
+    QoS.append): the message off its list, into `unacked` and its index."""
+    prefix = settings.CELERY_BROKER_TRANSPORT_OPTIONS['global_keyprefix']
+    raw = next(broker.rpop(name) for name in messages.lists(queue) if broker.llen(name))
+    broker.hset(prefix + 'unacked', tag, json.dumps([json.loads(raw), '', queue]))
+    broker.zadd(prefix + 'unacked_index', {tag: time.time() - seconds_ago})
+
+
+def test_a_queued_call_whose_delivery_a_worker_lost_is_sent_again_and_the_lost_entry_dropped(
+        broker, start_worker, tiny_source, make_user, api_as, configure, lanes_redis):
+    configure(es2_knn=1)  # paused: no worker takes the message but ours
+    client = api_as(make_user())
+    call_id = submit(client, tiny_source).json()['id']
+    HeavyCall.objects.filter(pk=call_id).update(created_at=timezone.now() - timedelta(seconds=120))
+    take(broker, 'es2_knn', 'tag-1', seconds_ago=5)
+    assert messages.snapshot(['es2_knn']).held == [messages.Held(call_id, 'tag-1', pytest.approx(time.time() - 5,
+                                                                                               abs=1))]
+
+    assert sweep.sweep(grace_seconds=60).resent == []  # taken only just now: its worker is about to start it
+    report = sweep.sweep(grace_seconds=2)  # taken, and not started, for longer than the grace period
+
+    assert report.resent == [call_id]
+    found = messages.snapshot(['es2_knn'])
+    assert found.waiting == {call_id} and found.held == []  # sent again; kombu won't deliver the lost one
+    assert sweep.sweep(grace_seconds=2).resent == []
+    start_worker(name='knn', queues=('es2_knn',))
+    configure(es2_knn=3)
+    assert poll(client, call_id, timeout=30).json()['state'] == 'succeeded'
+    assert HeavyCall.objects.get(pk=call_id).attempts == 1
+
+
+def test_a_held_message_of_a_running_call_is_left_and_one_of_an_ended_call_dropped(
+        broker, tiny_source, make_user, api_as, configure, lanes_redis):
+    configure(es2_knn=1)
+    client = api_as(make_user())
+    running, ended = (submit(client, tiny_source).json()['id'] for _ in range(2))
+    take(broker, 'es2_knn', 'tag-r', seconds_ago=600)
+    take(broker, 'es2_knn', 'tag-e', seconds_ago=600)
+    by_tag = {held.tag: held.call_id for held in messages.snapshot(['es2_knn']).held}
+    HeavyCall.objects.filter(pk=by_tag['tag-r']).update(state='running', worker='knn@host pid 1',
+                                                        started_at=timezone.now(), heartbeat_at=timezone.now())
+    assert client.delete(f"/tasks/{by_tag['tag-e']}/").json()['state'] == 'cancelled'
+    fresh = messages.Held(by_tag['tag-e'], 'tag-e', time.time())
+
+    assert sweep.sweep(grace_seconds=60).discarded == 1  # the ended call's entry, taken 10 min ago
+    assert [held.call_id for held in messages.snapshot(['es2_knn']).held] == [by_tag['tag-r']]
+    assert messages.drop_held(fresh) is False  # gone already: a late acknowledgement removes nothing
+    assert {running, ended} == set(by_tag.values())
