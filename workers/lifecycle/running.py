@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from capacity.config import get_config
 from workers.celery import app
-from workers.lifecycle import sharing
+from workers.lifecycle import sharing, statements
 from workers.lifecycle.ending import ended
 from workers.lifecycle.reads import admission_of
 from workers.lifecycle.words import ERROR_LENGTH, HARD_LIMIT, ROW_WAIT_SECONDS
@@ -86,15 +86,21 @@ def start(call, worker):
         claim = claim.filter(state=State.RUNNING, worker=call.worker, heartbeat_at=call.heartbeat_at)
     else:
         return Start(BUSY, redelivered, retry_in=busy_retry_in(call, now, stale_seconds))
-    if not claim.update(state=State.RUNNING, started_at=now, attempts=F('attempts') + 1, worker=worker,
-                        heartbeat_at=now):
+    # A first delivery marks its queued followers running too: in the same statement on PostgreSQL.
+    together = statements.available() and call.state == State.QUEUED and not redelivered
+    if together:
+        claimed = statements.claim_queued(call.pk, worker, now)
+    else:
+        claimed = claim.update(state=State.RUNNING, started_at=now, attempts=F('attempts') + 1, worker=worker,
+                               heartbeat_at=now)
+    if not claimed:
         fresh = HeavyCall.objects.filter(pk=call.pk).values_list('state', flat=True).first()
         if fresh == State.RUNNING:
             return Start(BUSY, redelivered, retry_in=get_config()['lease_seconds'])
         return Start(ENDED, redelivered)
     call.state, call.started_at, call.attempts = State.RUNNING, now, call.attempts + 1
     call.worker, call.heartbeat_at = worker, now
-    if not redelivered:
+    if not redelivered and not together:
         sharing.started(call)
     return Start(RUN, redelivered)
 
@@ -129,28 +135,33 @@ def succeed(call, result, worker=None):
     update and announced bare; `call.work_result_text` is the text either way, for its followers.
     """
     finished_at = timezone.now()
-    running = HeavyCall.objects.filter(pk=call.pk, state=State.RUNNING)
-    if worker is not None:
-        running = running.filter(worker=worker)
-    with transaction.atomic():
-        owned = running.filter(detached_at__isnull=True).update(state=State.SUCCEEDED, finished_at=finished_at,
-                                                                error='')
-        if not owned and not running.update(state=State.SUCCEEDED, finished_at=finished_at, error=''):
+    if statements.available():  # one statement (workers.lifecycle.statements)
+        row, text = result_row(call.pk, result)
+        owned = statements.succeed_with_result(call.pk, worker, finished_at, row, RESULT_UPDATE_FIELDS)
+        if owned is None:
             return False
-        text = store_result(call.pk, result)
+    else:
+        running = HeavyCall.objects.filter(pk=call.pk, state=State.RUNNING)
+        if worker is not None:
+            running = running.filter(worker=worker)
+        with transaction.atomic():
+            owned = running.filter(detached_at__isnull=True).update(state=State.SUCCEEDED,
+                                                                    finished_at=finished_at, error='')
+            if not owned and not running.update(state=State.SUCCEEDED, finished_at=finished_at, error=''):
+                return False
+            text = store_result(call.pk, result)
     call.state, call.finished_at, call.error = State.SUCCEEDED, finished_at, ''
     call.work_result_text, call.result_text = text, (text if owned else None)
     return True
 
 
-def store_result(call_id, result):
-    """Write the call's result row (django-celery-results' TaskResult) as the result backend writes it —
-    encoded by the backend, with the extended fields of the task running now — in one statement.
+RESULT_UPDATE_FIELDS = ['status', 'result', 'content_type', 'content_encoding', 'meta', 'task_name', 'worker',
+                        'task_args', 'task_kwargs', 'date_done']
 
-    Not `app.backend.store_result`: that looks the row up first and inserts it in a savepoint
-    (get_or_create), four round trips to the database where one does, on the path every call takes while
-    the next call waits in its queue. The row can't exist yet (the guarded update before this one is the
-    only way to succeed, once); should it, it is overwritten, as the backend would."""
+
+def result_row(call_id, result):
+    """The call's result row (django-celery-results' TaskResult, unsaved) as the result backend writes it
+    — encoded by the backend, with the extended fields of the task running now — and its result text."""
     from celery import current_task
     from django_celery_results.models import TaskResult
 
@@ -164,9 +175,21 @@ def store_result(call_id, result):
                      task_name=getattr(request, 'task', None), worker=getattr(request, 'hostname', None),
                      task_args=encoded(getattr(request, 'argsrepr', None)),
                      task_kwargs=encoded(getattr(request, 'kwargsrepr', None)))
-    TaskResult.objects.bulk_create([row], update_conflicts=True, unique_fields=['task_id'], update_fields=[
-        'status', 'result', 'content_type', 'content_encoding', 'meta', 'task_name', 'worker', 'task_args',
-        'task_kwargs', 'date_done'])
+    return row, data
+
+
+def store_result(call_id, result):
+    """Write the call's result row (`result_row`) in one statement; return its result text.
+
+    Not `app.backend.store_result`: that looks the row up first and inserts it in a savepoint
+    (get_or_create), four round trips to the database where one does, on the path every call takes while
+    the next call waits in its queue. The row can't exist yet (the guarded update before this one is the
+    only way to succeed, once); should it, it is overwritten, as the backend would."""
+    from django_celery_results.models import TaskResult
+
+    row, data = result_row(call_id, result)
+    TaskResult.objects.bulk_create([row], update_conflicts=True, unique_fields=['task_id'],
+                                   update_fields=RESULT_UPDATE_FIELDS)
     return data
 
 
