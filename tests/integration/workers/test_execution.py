@@ -12,6 +12,7 @@ from django.utils import timezone
 from capacity import gate
 from capacity.constants import Lane
 from capacity.store import get_store
+from tests.integration.workers.conftest import wait_until
 from workers import execution, lifecycle
 from workers.models import HeavyCall
 
@@ -150,7 +151,7 @@ def test_a_first_delivery_whose_leases_are_gone_runs_uncounted_and_says_so(make_
 
 def test_a_renewer_that_fails_to_start_still_runs_and_releases(make_user, lanes):
     call = admitted(make_user())
-    with mock.patch('capacity.lease.LeaseRenewer.start', side_effect=RuntimeError("can't start new thread")):
+    with mock.patch.object(execution.BEATS, 'start', side_effect=RuntimeError("can't start new thread")):
         assert execution.run(call.pk, perform=lambda row: 'done') == 'done'
     assert scores(lanes, call) == [None] * len(keys(call))
     call.refresh_from_db()
@@ -253,6 +254,6 @@ def test_a_call_whose_end_cant_be_recorded_stops_its_heartbeat(make_user, lanes,
             mock.patch.object(lifecycle, 'succeed', side_effect=OperationalError('the connection is closed')):
         with pytest.raises(OperationalError):
             execution.run(call.pk, perform=lambda row: {})
-    heartbeats[0].join(2)
-    assert not heartbeats[0].is_alive()
+    assert heartbeats[0].finished.is_set()  # stopped: its loop returns at its next tick...
+    wait_until(execution.BEATS.idle, timeout=2, interval=0.01, message='the heartbeat loop to return')
     assert HeavyCall.objects.get(pk=call.pk).state == 'running'  # for the delivery that takes it over
