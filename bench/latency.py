@@ -43,6 +43,23 @@ from stack import Stack
 GENERIC_CONFIG = {'mode': 'enforce', 'enforce_for': 'all'}  # es2_knn holds 2 bulk calls: 3 less the reserve
 
 
+
+def handoff_gaps(rows):
+    """Seconds a pool process spent between one call's end and the start of the next, where the next was
+    already waiting when the first ended: the worker's own time per call (ack, fetch, claim) that a
+    queue behind one process pays on every call. Grouped by process (`worker` names the pid)."""
+    by_process = {}
+    for row in rows:
+        if row.get('served_as') == 'run' and row.get('worker') and row.get('started_at') and row.get('finished_at'):
+            by_process.setdefault(row['worker'], []).append(row)
+    gaps = []
+    for runs in by_process.values():
+        runs.sort(key=lambda row: row['started_at'])
+        for before, after in zip(runs, runs[1:]):
+            if after['created_at'] < before['finished_at'] <= after['started_at']:
+                gaps.append((after['started_at'] - before['finished_at']).total_seconds())
+    return gaps
+
 def pct(values, q):
     if not values:
         return None
@@ -98,6 +115,7 @@ def part_mix(stack, args, submit_wait):
                 after.append(sent_at[call.task_id] + call.latency - row['finished_at'].timestamp())
             wait.append((row['started_at'] - row['created_at']).total_seconds())
             both.append((row['finished_at'] - row['created_at']).total_seconds())
+        gaps = handoff_gaps([rows[call.task_id] for call in final if call.task_id in rows])
         bound = (2 * pct(run, 0.99) + 0.1) if name == 'single' and run else (
             1.5 * pct(both, 0.99) if both else None)
         slowest = []
@@ -125,10 +143,16 @@ def part_mix(stack, args, submit_wait):
             'wait_plus_run_p99_ms': ms(pct(both, 0.99)),
             'send_to_row_ms': {'p50': ms(pct(before, 0.5)), 'p99': ms(pct(before, 0.99))},
             'end_to_answer_ms': {'p50': ms(pct(after, 0.5)), 'p99': ms(pct(after, 0.99))},
+            'handoff_ms': {'n': len(gaps), 'p50': ms(pct(gaps, 0.5)), 'p99': ms(pct(gaps, 0.99))},
             'bound_ms': ms(bound),
             'target_met': bound is not None and bool(latency) and pct(latency, 0.99) <= bound,
         }
     out['lost'] = sum(1 for call in report.calls if call.outcome is None)
+    out['handoff_by_queue_ms'] = {}
+    for queue in sorted({row['queue'] for row in rows.values() if row.get('queue')}):
+        gaps = handoff_gaps([row for row in rows.values() if row.get('queue') == queue])
+        out['handoff_by_queue_ms'][queue] = {'n': len(gaps), 'p50': ms(pct(gaps, 0.5)),
+                                             'p99': ms(pct(gaps, 0.99))}
     out['wall_seconds'] = report.wall_seconds
     stack.wait_drained(60)
     return out
