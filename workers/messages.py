@@ -17,6 +17,7 @@ workers.lifecycle's. No Celery import.
 import json
 import logging
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 from django.conf import settings
 
@@ -53,19 +54,43 @@ def message_id(raw):
 
 def unacked_id(raw):
     """The task id of one value of the `unacked` hash (`[message, exchange, routing_key]`), or None."""
+    return unacked_headers(raw).get('id')
+
+
+def unacked_headers(raw):
+    """The headers of one value of the `unacked` hash ({} when it isn't one of ours)."""
     try:
-        return json.loads(raw)[0]['headers']['id']
+        headers = json.loads(raw)[0]['headers']
     except (TypeError, ValueError, KeyError, IndexError, RecursionError):
+        return {}
+    return headers if isinstance(headers, dict) else {}
+
+
+def eta_of(headers):
+    """A message's ETA header (ISO 8601, as Celery writes it) in Unix seconds, or None."""
+    eta = headers.get('eta')
+    if not eta:
         return None
+    try:
+        moment = datetime.fromisoformat(eta)
+    except (TypeError, ValueError):
+        return None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
 
 
 @dataclass(frozen=True)
 class Held:
     """One message a worker took and hasn't acknowledged: whose, its delivery tag, and when it was taken
-    (Unix seconds; 0 when the index has no time for it)."""
+    (Unix seconds; 0 when the index has no time for it). A message with an ETA (a task's retry with a
+    countdown) is held on purpose until then: `due_at` is the later of the two."""
     call_id: str
     tag: str
     taken_at: float
+    eta: float | None = None
+
+    @property
+    def due_at(self):
+        return max(self.taken_at, self.eta or 0.0)
 
 
 @dataclass(frozen=True)
@@ -96,9 +121,9 @@ def snapshot(queues, client=None):
     taken = {text(tag): score for tag, score in replies[-1]}
     held = []
     for tag, raw in replies[-2].items():
-        call_id = unacked_id(raw)
-        if call_id is not None:
-            held.append(Held(call_id, text(tag), taken.get(text(tag), 0.0)))
+        headers = unacked_headers(raw)
+        if headers.get('id') is not None:
+            held.append(Held(headers['id'], text(tag), taken.get(text(tag), 0.0), eta_of(headers)))
     return Snapshot(waiting, held)
 
 

@@ -6,7 +6,8 @@ nothing else would end or run, and ends or sends them through workers.lifecycle:
 2. a queued call older than WORKERS_SWEEP_GRACE_SECONDS whose message is on no broker list and not
    unacknowledged (a Redis that lost its data, a publish that never landed), or whose message a worker took
    more than that long ago without starting it (the worker lost it: a pool process that died with the job
-   in its pipe, a broker connection cut between the read and the run), is published again with the same
+   in its pipe, a broker connection cut between the read and the run; a message held for its ETA, a
+   retry's countdown, counts from then), is published again with the same
    task id, while its deadline hasn't passed; the lost delivery's entry is taken off `unacked`, or kombu
    would deliver it once more after the visibility timeout;
 3. a running call whose heartbeat is older than `lease_seconds` (its worker is gone) and whose message is
@@ -99,8 +100,8 @@ def run_steps(report, grace_seconds, broker):
             continue
         if call.pk in held:
             entries = held[call.pk]
-            if call.state != State.QUEUED or any(entry.taken_at > taken_before for entry in entries):
-                continue  # a worker has it (running, or only just taken)
+            if call.state != State.QUEUED or any(entry.due_at > taken_before for entry in entries):
+                continue  # a worker has it (running, only just taken, or held until its ETA)
             if not sum(messages.drop_held(entry, broker) for entry in entries):
                 continue  # acknowledged in the meantime: its worker ran it
             logger.warning('Heavy call %s: a worker took its message %.0f s ago and never started it',
@@ -122,6 +123,6 @@ def discard_ended(found, taken_before, broker):
             if call_id in found.waiting:
                 removed += messages.discard(call_id, queue, broker)
         for entry in found.held:
-            if entry.call_id in ended and entry.taken_at <= taken_before:
+            if entry.call_id in ended and entry.due_at <= taken_before:
                 removed += messages.drop_held(entry, broker)
     return removed

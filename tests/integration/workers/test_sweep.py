@@ -102,12 +102,16 @@ def test_a_running_call_with_a_dead_worker_past_its_queue_deadline_is_taken_over
     assert HeavyCall.objects.get(pk=call_id).attempts == 2  # taken over
 
 
-def take(broker, queue, tag, seconds_ago):
+def take(broker, queue, tag, seconds_ago, eta=None):
     """What a worker that took the queue's message `seconds_ago` and never acknowledged it leaves (kombu's
-    QoS.append): the message off its list, into `unacked` and its index."""
+    QoS.append): the message off its list, into `unacked` and its index. `eta`: the message is a retry
+    with a countdown, held by the worker until then."""
     prefix = settings.CELERY_BROKER_TRANSPORT_OPTIONS['global_keyprefix']
     raw = next(broker.rpop(name) for name in messages.lists(queue) if broker.llen(name))
-    broker.hset(prefix + 'unacked', tag, json.dumps([json.loads(raw), '', queue]))
+    message = json.loads(raw)
+    if eta is not None:
+        message['headers']['eta'] = eta.isoformat()
+    broker.hset(prefix + 'unacked', tag, json.dumps([message, '', queue]))
     broker.zadd(prefix + 'unacked_index', {tag: time.time() - seconds_ago})
 
 
@@ -151,3 +155,16 @@ def test_a_held_message_of_a_running_call_is_left_and_one_of_an_ended_call_dropp
     assert [held.call_id for held in messages.snapshot(['es2_knn']).held] == [by_tag['tag-r']]
     assert messages.drop_held(fresh) is False  # gone already: a late acknowledgement removes nothing
     assert {running, ended} == set(by_tag.values())
+
+
+def test_a_queued_call_whose_message_a_worker_holds_for_its_eta_is_left_alone(
+        broker, tiny_source, make_user, api_as, configure, lanes_redis):
+    # A retry with a countdown (the database was down at its start): the worker holds it until its ETA.
+    configure(es2_knn=1)
+    client = api_as(make_user())
+    call_id = submit(client, tiny_source).json()['id']
+    HeavyCall.objects.filter(pk=call_id).update(created_at=timezone.now() - timedelta(seconds=120))
+    take(broker, 'es2_knn', 'tag-1', seconds_ago=100, eta=timezone.now() + timedelta(seconds=20))
+
+    assert sweep.sweep(grace_seconds=2).resent == []
+    assert [held.call_id for held in messages.snapshot(['es2_knn']).held] == [call_id]
