@@ -50,6 +50,20 @@ class Lease:
             return False
         return True
 
+    def counted(self):
+        """Whether any lane still counts this call (holds its token with an unexpired lease), by Redis's
+        clock; None when Redis can't say. Reads only: nothing is renewed or released."""
+        if not self.keys or not self.store.is_available():
+            return None
+        try:
+            seconds, micros = self.store.command('time')
+            now_ms = int(seconds) * 1000 + int(micros) // 1000
+            scores = [self.store.command('zscore', key, self.token) for key in self.keys]
+        except Exception as ex:  # noqa: BLE001 - fail open: the caller leaves the call as it is
+            failopen.record(self, ex, 'lease probe', self.store)
+            return None
+        return any(score is not None and float(score) > now_ms for score in scores)
+
     def retake(self, limits):
         """Take the leases again whatever the counts (a call that was admitted once); True when taken."""
         if not self.keys or not self.store.is_available():

@@ -13,7 +13,10 @@ nothing else would end or run, and ends or sends them through workers.lifecycle:
 3. a running call whose heartbeat is older than `lease_seconds` (its worker is gone) and whose message is
    nowhere on the broker is published again too: the next delivery takes over (lifecycle.start);
 4. followers still open whose leader ended (its end was cut short before it settled them) end as it did;
-5. the message of a call that ended while queued and is still on a list (a cancel whose discard failed) is
+5. a cancelled call whose work was never confirmed stopped, not beaten for longer than `lease_seconds`
+   and counted in no lane any more (its worker is gone: a live run renews its leases until its work has
+   stopped) is marked stopped, and its end logged, as its worker would have (lifecycle.stopped);
+6. the message of a call that ended while queued and is still on a list (a cancel whose discard failed) is
    taken out, so a queue's depth counts only calls that still wait; so is the unacknowledged entry of a
    call that ended, once it is older than the grace period (a worker lost that delivery: nothing would
    ever acknowledge it).
@@ -44,11 +47,12 @@ class SweepReport:
     resent: list = field(default_factory=list)
     discarded: int = 0
     settled: int = 0       # followers left open by a leader's end that was cut short
+    stopped: list = field(default_factory=list)  # cancelled calls whose worker was gone
     skipped: bool = False  # another sweep held the lock
 
     def to_json(self):
         return {'expired': len(self.expired), 'resent': len(self.resent), 'discarded': self.discarded,
-                'settled': self.settled, 'skipped': self.skipped}
+                'settled': self.settled, 'stopped': len(self.stopped), 'skipped': self.skipped}
 
 
 def lock(client, seconds):
@@ -77,7 +81,7 @@ def sweep(grace_seconds=None, broker=None):
                   broker or messages.broker())
     finally:
         unlock(client, token)
-    if report.expired or report.resent or report.discarded or report.settled:
+    if report.expired or report.resent or report.discarded or report.settled or report.stopped:
         logger.info('Sweep: %s', report.to_json())
     return report
 
@@ -108,6 +112,13 @@ def run_steps(report, grace_seconds, broker):
                            call.pk, time.time() - max(entry.taken_at for entry in entries))
         if lifecycle.redeliver(call, stale_seconds):
             report.resent.append(call.pk)
+    for call in lifecycle.stranded(stale_seconds):
+        lease = lifecycle.admission_of(call).worker_lease(0)  # what its worker renews; read only
+        # An uncounted call (admitted while Redis was away) has no lease to tell a live run by: left alone.
+        if lease.holding and lease.counted() is False and lifecycle.stopped(call.pk):
+            logger.warning('Heavy call %s was cancelled while it ran on a worker that is gone: marked stopped',
+                           call.pk)
+            report.stopped.append(call.pk)
     report.discarded = discard_ended(found, taken_before, broker)
 
 

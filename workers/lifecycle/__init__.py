@@ -26,7 +26,8 @@
   sees it cancelled; the work is cancelled with its last handle). `unsettled` finds followers left open.
 - upkeep, for the sweep (workers.sweep) and retention (workers.retention): `overdue` and `maybe_lost`
   find the calls nothing else would end or run, `redeliver` publishes again the message of one that lost
-  it, `forget_finished` deletes old calls with their results.
+  it, `stranded` finds cancelled calls whose worker may be gone, `forget_finished` deletes old calls with
+  their results.
 - reads: `position`, `estimate` and `progress` (when it should start and finish, the poll hint),
   `result`, `answer`, `wait` (with `watching`), `log_line`. Workers and views call this package and never
   write a call's state themselves; it is the only code that reads the stored results.
@@ -44,7 +45,7 @@ from workers.lifecycle.running import (
     succeed, time_out, worker_name,
 )
 from workers.lifecycle.sharing import join, serve_cached, settle, unsettled
-from workers.lifecycle.upkeep import forget_finished, maybe_lost, overdue, redeliver
+from workers.lifecycle.upkeep import forget_finished, maybe_lost, overdue, redeliver, stranded
 from workers.lifecycle.words import CANCELLED, EXPIRED, FAILED, HARD_LIMIT, SOFT_LIMIT
 
 __all__ = [
@@ -53,5 +54,6 @@ __all__ = [
     'end_unstarted', 'ended', 'enqueue', 'error_of', 'estimate', 'expire', 'fail', 'forget_finished',
     'holder_gone', 'join', 'load', 'log_line', 'maybe_lost', 'note_limiter', 'overdue', 'position',
     'progress', 'redeliver', 'result', 'send', 'serve_cached', 'settle', 'start', 'stopped', 'stored_result',
+    'stranded',
     'succeed', 'taken_over', 'time_out', 'unsettled', 'wait', 'wait_stopped', 'watching', 'worker_name',
 ]

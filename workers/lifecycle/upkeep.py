@@ -1,5 +1,6 @@
 """The sweep's and retention's transitions (workers.sweep, workers.retention): find the calls nothing
-else would end or run, publish again a message that was lost, delete old calls with their results."""
+else would end or run, publish again a message that was lost, find cancelled calls whose worker is gone,
+delete old calls with their results."""
 import logging
 from datetime import timedelta
 
@@ -31,6 +32,17 @@ def maybe_lost(grace_seconds, stale_seconds, now=None, limit=500):
     stale = Q(state=State.RUNNING) & (Q(heartbeat_at__isnull=True) |
                                       Q(heartbeat_at__lt=now - timedelta(seconds=stale_seconds)))
     return list(HeavyCall.objects.filter(queued | stale, leader__isnull=True).order_by('created_at')[:limit])
+
+
+def stranded(stale_seconds, now=None, limit=500):
+    """Cancelled calls whose work was never confirmed stopped (`heartbeat_at` still set) and not beaten
+    for more than `stale_seconds`: their worker may be gone with them (a node killed while the call ran,
+    before or after the cancel), so nothing would ever say they stopped. A worker stops beating a call
+    once it is cancelled, so the caller also asks the lanes (workers.sweep): a live run renews its
+    leases until its work has stopped."""
+    now = now or timezone.now()
+    return list(HeavyCall.objects.filter(state=State.CANCELLED, heartbeat_at__lt=now - timedelta(
+        seconds=stale_seconds)).order_by('heartbeat_at')[:limit])
 
 
 def redeliver(call, stale_seconds, now=None):

@@ -168,3 +168,34 @@ def test_a_queued_call_whose_message_a_worker_holds_for_its_eta_is_left_alone(
 
     assert sweep.sweep(grace_seconds=2).resent == []
     assert [held.call_id for held in messages.snapshot(['es2_knn']).held] == [call_id]
+
+
+def test_a_call_cancelled_while_it_ran_on_a_worker_that_is_gone_is_marked_stopped_once_uncounted(
+        broker, tiny_source, make_user, api_as, configure, lanes_redis):
+    from unittest import mock
+
+    from capacity.config import get_config
+    from workers import lifecycle
+    configure(es2_knn=1)
+    client = api_as(make_user())
+    call_id = submit(client, tiny_source).json()['id']
+    call = HeavyCall.objects.get(pk=call_id)
+    lifecycle.start(call, 'gone@host pid 1')  # its node took it, then died with it
+    with mock.patch('workers.celery.app.control.revoke'):
+        assert client.delete(f'/tasks/{call_id}/', HTTP_PREFER='wait=0').json()['state'] == 'cancelled'
+    stale = timezone.now() - timedelta(seconds=get_config()['lease_seconds'] + 1)
+    HeavyCall.objects.filter(pk=call_id).update(heartbeat_at=stale)
+    assert holds(lanes_redis, call_id) > 0  # still counted: a live run would renew them
+
+    assert sweep.sweep(grace_seconds=60).stopped == []  # a live run's leases would still be there
+    for key in lifecycle.admission_of(call).keys:  # ...they expired: nobody renewed them
+        if lanes_redis.zscore(key, call_id) is not None:
+            lanes_redis.zadd(key, {call_id: 1})
+    with mock.patch('workers.lifecycle.reads.emit') as lines:
+        assert sweep.sweep(grace_seconds=60).stopped == [call_id]
+
+    row = HeavyCall.objects.get(pk=call_id)
+    assert row.state == 'cancelled' and row.heartbeat_at is None  # no worker runs it, says the row
+    assert [line.args[0]['state'] for line in lines.call_args_list] == ['cancelled']  # its end, logged once
+    assert holds(lanes_redis, call_id) == 0
+    assert sweep.sweep(grace_seconds=60).stopped == []
