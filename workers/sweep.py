@@ -7,9 +7,9 @@ nothing else would end or run, and ends or sends them through workers.lifecycle:
    unacknowledged (a Redis that lost its data, a publish that never landed), or whose message a worker took
    more than that long ago without starting it (the worker lost it: a pool process that died with the job
    in its pipe, a broker connection cut between the read and the run; a message held for its ETA, a
-   retry's countdown, counts from then), is published again with the same
-   task id, while its deadline hasn't passed; the lost delivery's entry is taken off `unacked`, or kombu
-   would deliver it once more after the visibility timeout;
+   retry's countdown, counts from then), is published again with the same task id, while its deadline
+   hasn't passed; the lost delivery's entry is taken off `unacked`, or kombu would deliver it once more
+   after the visibility timeout;
 3. a running call whose heartbeat is older than `lease_seconds` (its worker is gone) and whose message is
    nowhere on the broker is published again too: the next delivery takes over (lifecycle.start);
 4. followers still open whose leader ended (its end was cut short before it settled them) end as it did;
