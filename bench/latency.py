@@ -154,8 +154,25 @@ def part_mix(stack, args, submit_wait):
         out['handoff_by_queue_ms'][queue] = {'n': len(gaps), 'p50': ms(pct(gaps, 0.5)),
                                              'p99': ms(pct(gaps, 0.99))}
     out['wall_seconds'] = report.wall_seconds
+    write_timeline(f'latency-{"mix-wait" if submit_wait else "mix-poll"}-calls', report.calls, rows, sent_at)
     stack.wait_drained(60)
     return out
+
+
+def write_timeline(name, calls, rows, sent_at):
+    """Every call of the run, in seconds from its first send (bench/out/<name>.json): what a stall looks
+    like when the percentiles say there was one (several slow calls at the same `at`)."""
+    zero = min(sent_at.values(), default=0.0)
+    at = lambda value: round(value.timestamp() - zero, 4) if value else None  # noqa: E731
+    timeline = []
+    for call in calls:
+        row = rows.get(call.task_id) or {}
+        timeline.append({'kind': call.kind, 'task_id': call.task_id, 'outcome': call.outcome,
+                         'sent': round(sent_at[call.task_id] - zero, 4) if call.task_id in sent_at else None,
+                         'latency': call.latency, 'queue': row.get('queue'), 'worker': row.get('worker'),
+                         'served_as': row.get('served_as'), 'created': at(row.get('created_at')),
+                         'started': at(row.get('started_at')), 'finished': at(row.get('finished_at'))})
+    write(name, {'calls': sorted(timeline, key=lambda item: item['sent'] if item['sent'] is not None else 1e9)})
 
 
 class GenericClient:
