@@ -10,11 +10,21 @@ Nothing here raises: errors go through capacity.failopen.
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
 from capacity import counters, failopen
 from capacity.store import get_store
 
 logger = logging.getLogger('heavy_lanes')
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What a run's end sent with its release (Lease.release_and_end): whether Redis took the notice, and
+    what the work release answered (LaneStore.end_work's True or False; None when Redis couldn't say or
+    there was none; the exception when it alone failed)."""
+    published: bool
+    joined: object = None
 
 
 class Lease:
@@ -92,14 +102,42 @@ class Lease:
         if not self.holding or not keys:
             return
         if not self.store.is_available():
-            self.error = self.error or failopen.RELEASE_DEFERRED
-            self.store.releases.defer(keys, self.token)
+            self._defer(keys, None)
             return
         try:
             self.store.release(list(keys), self.token, acquired_ms=self.acquired_ms, ran=ran)
         except Exception as ex:  # noqa: BLE001
+            self._defer(keys, ex)
+
+    def release_and_end(self, ran=None, notice=None, work=None):
+        """`release` (all its lanes, once) with the end's other Redis commands in its round trip
+        (LaneStore.release_and_end): the completion notice, (channel, message), and a leader's work release,
+        LaneStore.end_work's arguments. Returns a Sent. Nothing raises: a release that fails is sent again
+        later, as `release`'s; a notice that didn't go is the caller's to send."""
+        keys = self.keys if self.holding and not self.released else []
+        self.released = True
+        if not self.store.is_available():
+            self._defer(keys, None)
+            return Sent(published=False, joined=None)
+        try:
+            removed, published, joined = self.store.release_and_end(
+                keys, self.token, acquired_ms=self.acquired_ms, ran=ran if keys else None, notice=notice, work=work)
+        except Exception as ex:  # noqa: BLE001
+            self._defer(keys, ex)
+            return Sent(published=False, joined=None)
+        if isinstance(removed, Exception):
+            self._defer(keys, removed)
+        return Sent(published=notice is not None and not isinstance(published, Exception), joined=joined)
+
+    def _defer(self, keys, ex):
+        """A release that didn't reach Redis (`ex`; None: Redis is being skipped) is sent again later."""
+        if not keys:
+            return
+        if ex is None:
+            self.error = self.error or failopen.RELEASE_DEFERRED
+        else:
             failopen.record(self, ex, 'release', self.store)
-            self.store.releases.defer(keys, self.token)  # idempotent: harmless if Redis ran it after all
+        self.store.releases.defer(keys, self.token)  # idempotent: harmless if Redis ran it after all
 
     def drop(self, keys):
         """Release some lanes now and stop counting them as this call's (e.g. the API host's lane)."""

@@ -57,6 +57,13 @@ def build_redis_client():
     return connections.build('lanes')
 
 
+def release_call(keys, token, acquired_ms, ran):
+    """The release script's keys and arguments (capacity/lua/release.lua)."""
+    field_name, run_ms = (run_field(ran[0]), max(int(ran[1]), 0)) if ran is not None else ('', 0)
+    args = [token, int(acquired_ms or 0), HOLD_WEIGHT, field_name, run_ms, *(hold_field(key) for key in keys)]
+    return [*keys, holds_key()], args
+
+
 def get_not_after_ms():
     """Epoch ms after which Redis must not run an acquire: the caller's deadline plus clock slack."""
     return int((time.time() + settings.CAPACITY_REDIS_DEADLINE_SECONDS + NOT_AFTER_SLACK_SECONDS) * 1000)
@@ -338,10 +345,49 @@ class LaneStore:
         keys = list(keys)
         if not keys and ran is None:
             return 0
-        field_name, run_ms = (run_field(ran[0]), max(int(ran[1]), 0)) if ran is not None else ('', 0)
-        args = [token, int(acquired_ms or 0), HOLD_WEIGHT, field_name, run_ms,
-                *(hold_field(key) for key in keys)]
-        return int(self.operate(self.run_script, 'release', [*keys, holds_key()], args))
+        return int(self.operate(self.run_script, 'release', *release_call(keys, token, acquired_ms, ran)))
+
+    def release_and_end(self, keys, token, acquired_ms=0, ran=None, notice=None, work=None):
+        """A run's end in one round trip: `release`, then PUBLISH `notice` ((channel, message)) when given,
+        then `end_work(*work)` when given, pipelined, so the pool process waits on Redis once where it
+        waited three times (docs/benchmarks.md, section 10).
+
+        Returns (removed, published, joined): each what its own command returned (`joined` as end_work's),
+        or the exception it raised instead (an error in one doesn't undo the others). The pipeline failing
+        as a whole (no answer in time) raises, and then any of them may have run.
+        """
+        return self.operate(self._run_end, list(keys), token, acquired_ms, ran, notice, work)
+
+    def _run_end(self, client, keys, token, acquired_ms, ran, notice, work):
+        """The pipeline of `release_and_end` on `client`. EVALSHA alone: a script Redis doesn't have (after a
+        restart or SCRIPT FLUSH) is run again on its own, which loads it (a second round trip, rarely)."""
+        steps = {}  # what -> (script name or None, keys, args), in the pipeline's order
+        if keys or ran is not None:
+            steps['removed'] = ('release', *release_call(keys, token, acquired_ms, ran))
+        if notice is not None:
+            steps['published'] = (None, [], list(notice))
+        if work is not None:
+            claim_key, work_token, pointer_key, pointer_ms, joined_key = work
+            steps['joined'] = ('unclaim', [claim_key, pointer_key, joined_key], [work_token, int(pointer_ms)])
+        pipe = client.pipeline(transaction=False)
+        for name, step_keys, args in steps.values():
+            if name is None:
+                pipe.publish(*args)
+            else:
+                pipe.evalsha(self.script(name).sha, len(step_keys), *step_keys, *args)
+        answers = dict(zip(steps, pipe.execute(raise_on_error=False)))
+        for what, (name, step_keys, args) in steps.items():
+            if isinstance(answers[what], redis.exceptions.NoScriptError):
+                try:
+                    answers[what] = self.run_script(client, name, step_keys, args)
+                except redis.RedisError as ex:
+                    answers[what] = ex
+        removed, published, joined = (answers.get(what) for what in ('removed', 'published', 'joined'))
+        if not isinstance(removed, Exception):
+            removed = int(removed or 0)
+        if joined is not None and not isinstance(joined, Exception):
+            joined = bool(int(joined[1]))
+        return removed, published, joined
 
     def count(self, keys):
         """Each lane's unexpired leases, in `keys` order (nothing is pruned)."""

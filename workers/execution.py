@@ -331,9 +331,7 @@ def end(call, worker, lease, heartbeat, recorded, ran=None):
         logger.warning('Heavy call %s was taken over by another delivery; this run ends without a trace', call.pk)
         return
     if recorded:
-        lease.release(ran=ran)
-        lifecycle.note_limiter(call, lease)
-        lifecycle.ended(call, lease)
+        lifecycle.end_with_release(call, lease, ran=ran)
     else:
         # Cancelled while it ran, and the work has stopped: the row says so before the leases go back
         # (lifecycle.stopped), never after.

@@ -52,13 +52,19 @@ def publish(call_id, state, result=None):
     """Announce that a call reached `state` (with `result`, its stored JSON text, when it succeeded and
     nothing can change that: see the module docstring); never raises (the waiter falls back to reading
     the row)."""
+    try:
+        get_client().publish(*notice(call_id, state, result))
+    except redis.RedisError:
+        pass
+
+
+def notice(call_id, state, result=None):
+    """(channel, message) of the notice that a call reached `state` (see `publish`), for a caller that
+    sends it in a round trip of its own (the end of a run: capacity.store.release_and_end)."""
     message = str(state)
     if result is not None and len(result) <= NOTICE_RESULT_LIMIT:
         message = f'{message}\n{result}'
-    try:
-        get_client().publish(channel(call_id), message)
-    except redis.RedisError:
-        pass
+    return channel(call_id), message
 
 
 @dataclass(frozen=True)

@@ -34,14 +34,15 @@
 """
 from workers.lifecycle.create import enqueue, send
 from workers.lifecycle.ending import (
-    cancel, discard_message, end_unstarted, ended, expire, stopped, taken_over, wait_stopped,
+    cancel, discard_message, end_unstarted, end_with_release, ended, expire, note_limiter, stopped, taken_over,
+    wait_stopped,
 )
 from workers.lifecycle.reads import (
     Progress, admission_of, answer, error_of, estimate, log_line, position, progress, result, stored_result,
     wait, watching,
 )
 from workers.lifecycle.running import (
-    BUSY, ENDED, EXPIRE, RUN, Failure, Start, beat, busy_retry_in, fail, holder_gone, load, note_limiter, start,
+    BUSY, ENDED, EXPIRE, RUN, Failure, Start, beat, busy_retry_in, fail, holder_gone, load, start,
     succeed, time_out, worker_name,
 )
 from workers.lifecycle.sharing import join, serve_cached, settle, unsettled
@@ -51,7 +52,7 @@ from workers.lifecycle.words import CANCELLED, EXPIRED, FAILED, HARD_LIMIT, SOFT
 __all__ = [
     'BUSY', 'CANCELLED', 'ENDED', 'EXPIRE', 'EXPIRED', 'FAILED', 'Failure', 'HARD_LIMIT', 'Progress', 'RUN',
     'SOFT_LIMIT', 'Start', 'admission_of', 'answer', 'beat', 'busy_retry_in', 'cancel', 'discard_message',
-    'end_unstarted', 'ended', 'enqueue', 'error_of', 'estimate', 'expire', 'fail', 'forget_finished',
+    'end_unstarted', 'end_with_release', 'ended', 'enqueue', 'error_of', 'estimate', 'expire', 'fail', 'forget_finished',
     'holder_gone', 'join', 'load', 'log_line', 'maybe_lost', 'note_limiter', 'overdue', 'position',
     'progress', 'redeliver', 'result', 'send', 'serve_cached', 'settle', 'start', 'stopped', 'stored_result',
     'stranded',

@@ -1,6 +1,7 @@
 """Ending a call that won't run, or won't run on: cancel, expiry, a stopped or revoked call, and what
 follows every end (`ended`)."""
 import logging
+from dataclasses import replace
 
 from django.utils import timezone
 
@@ -156,15 +157,44 @@ def discard_message(call):
                        call.pk, type(ex).__name__, ex)
 
 
-def ended(call, lease=None, count=True):
+def ended(call, lease=None, count=True, sent=None):
     """What follows any end: the counter (once per call: `count`), the log line and the completion notice;
     for the leader of a work, identical calls stop joining it (and are answered from its result, when it
     succeeded), then its followers end the same way: looked for only when one joined it (its joined mark),
     which saves the end of every call that had none a query. A success whose result `succeed` kept
-    (`result_text`) is announced with it, to the call's and its followers' waiting requests."""
+    (`result_text`) is announced with it, to the call's and its followers' waiting requests. `sent`: what
+    `end_with_release` sent already (capacity.lease.Sent)."""
     if count:
         counters.record_end(call.queue, call.state)
     log_line(call, lease)
-    notify.publish(call.pk, call.state, getattr(call, 'result_text', None))
-    if call.leader_id is None and call.work_key and sharing.release_work(call) is not False:
+    if sent is None or not sent.published:
+        notify.publish(call.pk, call.state, getattr(call, 'result_text', None))
+    if not leads(call):
+        return
+    joined = sharing.release_work(call) if sent is None else sent.joined
+    if joined is not False:
         sharing.settle(call)  # a call joined it, or Redis couldn't say: end its open followers
+
+
+def leads(call):
+    """Whether the call is the leader of a work (identical calls may join it)."""
+    return call.leader_id is None and bool(call.work_key)
+
+
+def end_with_release(call, lease, ran=None):
+    """`ended` for a run its worker recorded, whose leases go back now: the release, the completion notice
+    and a leader's work release go to Redis in one round trip (capacity.lease.Lease.release_and_end: the
+    pool process's next call waits behind every round trip of this one's end)."""
+    sent = lease.release_and_end(ran=ran, notice=notify.notice(call.pk, call.state, getattr(call, 'result_text', None)),
+                                 work=sharing.work_release(call) if leads(call) else None)
+    if isinstance(sent.joined, Exception):
+        sent = replace(sent, joined=sharing.work_release_failed(sent.joined, lease.store))
+    note_limiter(call, lease)
+    ended(call, lease, sent=sent)
+
+
+def note_limiter(call, lease):
+    """Keep what the limiter met while the call ran (a lost lease, an error) for its log line."""
+    if lease.lease_lost or lease.error:
+        call.lease_lost, call.limiter_error = lease.lease_lost, (lease.error or '')[:300]
+        HeavyCall.objects.filter(pk=call.pk).update(lease_lost=call.lease_lost, limiter_error=call.limiter_error)

@@ -13,7 +13,7 @@ from django.utils import timezone
 from capacity.config import get_config
 from workers.celery import app
 from workers.lifecycle import sharing, statements
-from workers.lifecycle.ending import ended
+from workers.lifecycle.ending import ended, note_limiter
 from workers.lifecycle.reads import admission_of
 from workers.lifecycle.words import ERROR_LENGTH, HARD_LIMIT, ROW_WAIT_SECONDS
 from workers.models import OPEN_STATES, HeavyCall, State
@@ -115,13 +115,6 @@ def beat(call, worker):
     """The running worker is alive; False when the call is no longer its own (cancelled or taken over)."""
     now = timezone.now()
     return bool(HeavyCall.objects.filter(pk=call.pk, state=State.RUNNING, worker=worker).update(heartbeat_at=now))
-
-
-def note_limiter(call, lease):
-    """Keep what the limiter met while the call ran (a lost lease, an error) for its log line."""
-    if lease.lease_lost or lease.error:
-        call.lease_lost, call.limiter_error = lease.lease_lost, (lease.error or '')[:300]
-        HeavyCall.objects.filter(pk=call.pk).update(lease_lost=call.lease_lost, limiter_error=call.limiter_error)
 
 
 def succeed(call, result, worker=None):

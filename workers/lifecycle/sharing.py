@@ -125,16 +125,25 @@ def release_work(leader):
     claim expires by itself, and joiners treat a claim of an ended call as gone)."""
     if not leader.work_key:
         return None
-    ttl = get_config()['cache']['ttl_seconds'] if leader.state == State.SUCCEEDED else 0
     store = get_store()
     if not store.is_available():
         return None
     try:
-        return store.end_work(work_claim_key(leader.work_key), leader.pk, warm_key(leader.work_key),
-                              int(ttl * 1000), joined_key(leader.pk))
+        return store.end_work(*work_release(leader))
     except Exception as ex:  # noqa: BLE001
-        failopen.record(None, ex, 'work release', store)
-        return None
+        return work_release_failed(ex, store)
+
+
+def work_release(leader):
+    """The arguments of the leader's work release (capacity.store.LaneStore.end_work)."""
+    ttl = get_config()['cache']['ttl_seconds'] if leader.state == State.SUCCEEDED else 0
+    return (work_claim_key(leader.work_key), leader.pk, warm_key(leader.work_key), int(ttl * 1000),
+            joined_key(leader.pk))
+
+
+def work_release_failed(ex, store):
+    failopen.record(None, ex, 'work release', store)
+    return None
 
 
 def open_followers(leader_id):

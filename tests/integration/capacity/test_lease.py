@@ -157,6 +157,47 @@ def test_a_release_that_failed_is_sent_again_once_redis_answers(lanes, settings)
     assert calls == ['tok', 'tok']
 
 
+def test_a_release_with_the_end_gives_the_leases_back_once_and_sends_the_rest_with_them(lanes):
+    lease = held_lease(lanes)
+    sent = lease.release_and_end(ran=('es2_knn', 10), notice=('notice-lease-test', 'succeeded'))
+    assert sent.published and sent.joined is None
+    assert not any(lanes.zscore(key, 'tok') for key in lease.keys)
+    get_store().acquire(lease.keys, [9, 9], 'tok', 60_000, force=False)  # as if taken again since
+    again = lease.release_and_end(notice=('notice-lease-test', 'succeeded'))
+    assert again.published
+    assert all(lanes.zscore(key, 'tok') for key in lease.keys)  # a lease goes back once
+
+
+def test_a_release_with_the_end_that_fails_is_sent_again_and_says_nothing_was_announced(lanes, settings):
+    settings.CAPACITY_REDIS_RETRY_SECONDS = 0.3
+    lease = held_lease(lanes)
+    with mock.patch.object(LaneStore, 'release_and_end', side_effect=redis.ConnectionError('gone')):
+        sent = lease.release_and_end(notice=('notice-lease-test', 'succeeded'))
+    assert not sent.published and sent.joined is None
+    assert lease.error == 'ConnectionError: gone' and not get_store().is_available()
+    wait_for(lambda: not any(lanes.zscore(key, 'tok') for key in lease.keys), 3)  # the deferred release
+    skipped = held_lease(lanes, token='tok-2')
+    get_store().mark_unavailable()
+    assert not skipped.release_and_end(notice=('notice-lease-test', 'x')).published
+    assert skipped.error == failopen.RELEASE_DEFERRED
+    wait_for(lambda: not any(lanes.zscore(key, 'tok-2') for key in skipped.keys), 3)
+
+
+def test_a_release_with_the_end_whose_release_alone_fails_still_announces(lanes, settings):
+    settings.CAPACITY_REDIS_RETRY_SECONDS = 0.3
+    lease = held_lease(lanes)
+    real = LaneStore.release_and_end
+
+    def release_refused(store, keys, token, **rest):
+        removed, published, joined = real(store, [], token, **rest)
+        return redis.ResponseError('release refused'), published, joined
+    with mock.patch.object(LaneStore, 'release_and_end', release_refused):
+        sent = lease.release_and_end(notice=('notice-lease-test', 'succeeded'))
+    assert sent.published
+    assert lease.error == 'ResponseError: release refused'
+    wait_for(lambda: not any(lanes.zscore(key, 'tok') for key in lease.keys), 3)  # sent again
+
+
 def test_deferred_releases_are_bounded_and_merge_the_keys_of_one_token(monkeypatch):
     deferred = DeferredReleases(store=None)
     monkeypatch.setattr(deferred, '_ensure_thread', lambda: None)  # nothing is sent while the test looks

@@ -230,6 +230,56 @@ def test_end_work_gives_up_the_claim_and_takes_the_joined_mark_away(store, redis
     assert store.end_work(claim, 'call-4', pointer, 0, mark) is False  # a second time: the mark is gone
 
 
+def test_release_and_end_releases_announces_and_ends_the_work_in_one_round_trip(store, redis_client):
+    from capacity.keys import joined_key
+    keys = call_keys()
+    claim, pointer, mark = work_claim_key('w5'), warm_key('w5'), joined_key('call-1')
+    store.acquire(keys, [4, 4, 4], 'call-1', LEASE_MS, force=False)
+    redis_client.set(claim, 'call-1', px=LEASE_MS)
+    redis_client.set(mark, 1, px=LEASE_MS)
+    listener = redis_client.pubsub()
+    listener.subscribe('notice-test')
+    assert listener.get_message(timeout=1)['type'] == 'subscribe'
+    sent = []
+    real_pipeline = redis.client.Redis.pipeline
+
+    def counted(client, *args, **kwargs):
+        pipe = real_pipeline(client, *args, **kwargs)
+        real_execute = pipe.execute
+        pipe.execute = lambda **kw: sent.append(len(pipe.command_stack)) or real_execute(**kw)
+        return pipe
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(redis.client.Redis, 'pipeline', counted)
+        answer = store.release_and_end(keys, 'call-1', ran=('es2_knn', 40), notice=('notice-test', 'succeeded'),
+                                       work=(claim, 'call-1', pointer, 1500, mark))
+    assert sent == [3]  # one pipeline of three commands: one round trip
+    removed, published, joined = answer
+    assert removed == 3 and joined is True
+    assert published == 1  # PUBLISH answers how many heard it
+    assert store.count(keys) == [0, 0, 0] and store.holds()[run_field('es2_knn')] == 40
+    assert redis_client.get(claim) is None and redis_client.exists(mark) == 0
+    assert redis_client.get(pointer) == b'call-1'
+    assert listener.get_message(timeout=1)['data'] == b'succeeded'
+    listener.close()
+    # Nothing left to release and no work: the notice alone (PUBLISH answers how many heard it).
+    assert store.release_and_end([], 'call-1', notice=('notice-test', 'x')) == (0, 0, None)
+
+
+def test_release_and_end_loads_a_script_redis_lost_and_reports_a_failed_step_alone(store, redis_client):
+    from capacity.keys import joined_key
+    keys = call_keys()
+    store.acquire(keys, [4, 4, 4], 'call-1', LEASE_MS, force=False)
+    redis_client.script_flush()  # as after a restart: EVALSHA finds neither script
+    claim, mark = work_claim_key('w6'), joined_key('call-1')
+    removed, published, joined = store.release_and_end(keys, 'call-1', work=(claim, 'call-1', warm_key('w6'), 0, mark))
+    assert (removed, published, joined) == (3, None, False)
+    assert store.count(keys) == [0, 0, 0]
+    redis_client.hset(claim, 'x', 1)  # GET on a hash is a WRONGTYPE error: only the work step fails
+    store.acquire(keys, [4, 4, 4], 'call-2', LEASE_MS, force=False)
+    removed, published, joined = store.release_and_end(keys, 'call-2', work=(claim, 'call-2', warm_key('w6'), 0, mark))
+    assert removed == 3 and isinstance(joined, redis.ResponseError)
+
+
 def test_count_ignores_expired_leases_and_changes_nothing(store, redis_client):
     cluster, user = lane_key(Lane.API_HEAVY), lane_key(Lane.USER, 42)
     redis_client.zadd(cluster, {'dead': 1000, 'live': redis_now_ms(redis_client) + LEASE_MS})

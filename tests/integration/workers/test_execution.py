@@ -71,6 +71,23 @@ def test_a_call_renews_its_queued_leases_runs_and_releases_them(make_user, lanes
     assert line['run_ms'] >= 0 and line['wait_ms'] >= 0 and line['lease_lost'] is None
 
 
+def test_a_runs_end_releases_and_announces_in_one_round_trip(make_user, lanes, lines):
+    from workers import notify
+    call = admitted(make_user())
+    store = get_store()
+    with mock.patch.object(store, 'release', wraps=store.release) as release, \
+            mock.patch.object(store, 'release_and_end', wraps=store.release_and_end) as together, \
+            mock.patch.object(notify, 'publish') as publish_alone:
+        execution.run(call.pk, perform=lambda row: {'ok': True}, node='w@h')
+    release.assert_not_called()
+    publish_alone.assert_not_called()
+    (released, token), sent = together.call_args
+    assert sorted(released) == sorted(keys(call)) and token == call.pk
+    channel, message = sent['notice']
+    assert channel == notify.channel(call.pk) and message == 'succeeded\n{"ok": true}'
+    assert scores(lanes, call) == [None] * len(keys(call))
+
+
 def test_a_failing_call_is_failed_refunded_and_releases_its_leases(make_user, lanes, lines):
     call = admitted(make_user())
     with pytest.raises(ValueError):

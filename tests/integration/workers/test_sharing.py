@@ -221,10 +221,19 @@ def test_a_leader_nobody_joined_ends_without_looking_for_followers_and_one_joine
     assert not redis_client.exists(joined_key(joined.pk))  # the end took the mark away
 
 
-def test_a_leader_whose_redis_cant_say_looks_for_its_followers_in_the_database(make_user, lanes):
+@pytest.mark.parametrize('fault', ['the whole end', 'the work release alone'])
+def test_a_leader_whose_redis_cant_say_looks_for_its_followers_in_the_database(make_user, lanes, fault):
+    from capacity.store import LaneStore
+    real = LaneStore.release_and_end
+
+    def work_release_fails(store, keys, token, **rest):
+        removed, published, _ = real(store, keys, token, **{**rest, 'work': None})
+        return removed, published, ConnectionError('redis went away')
     lead = leader(make_user())
     follower = lifecycle.join(handle(make_user()), lead)
-    with mock.patch('capacity.store.LaneStore.end_work', side_effect=ConnectionError('redis went away')):
+    failing = (dict(side_effect=ConnectionError('redis went away')) if fault == 'the whole end'
+               else dict(new=work_release_fails))
+    with mock.patch('capacity.store.LaneStore.release_and_end', **failing):
         run(lead)
     assert fresh(follower).state == 'succeeded'
 
