@@ -23,8 +23,11 @@ run: $(STAMP)
 
 # Two passes: everything on SQLite, then the PostgreSQL-only cases (statement timeouts, advisory locks)
 # with PostgreSQL as the database. Both real Redis and PostgreSQL are expected on 127.0.0.1.
+# The first pass runs in TEST_PROCESSES pytest-xdist processes, a test file to a process: most of its time
+# is tests waiting on the real workers and servers they start, so two processes halve it on two cores.
+TEST_PROCESSES ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -m "not postgres and not ml" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile -m "not postgres and not ml" $(PYTEST_ARGS)
 	HEAVY_LANES_TEST_ON_POSTGRES=1 $(PY) -m pytest -m postgres $(PYTEST_ARGS)
 
 # The optional sentence-transformers embedder and reranker (requirements/ml.txt, about 6 GB with torch).

@@ -6,6 +6,15 @@ The database is SQLite unless HEAVY_LANES_TEST_DATABASE_URL names a PostgreSQL; 
 import os
 import tempfile
 
+# Each process of a parallel run (pytest-xdist's workers: `make test` runs two) has its own var dir, and so
+# its own SQLite test database, and its own broker prefix below. A worker inherits the controller's
+# environment, so its values are made anew once per xdist worker; the processes a test starts inherit the
+# worker's.
+_xdist_worker = os.environ.get('PYTEST_XDIST_WORKER', '')
+if os.environ.get('HEAVY_LANES_TEST_XDIST_WORKER', '') != _xdist_worker:
+    os.environ['HEAVY_LANES_TEST_XDIST_WORKER'] = _xdist_worker
+    os.environ.pop('HEAVY_LANES_VAR_DIR', None)
+    os.environ.pop('HEAVY_LANES_TEST_RUN_ID', None)
 os.environ.setdefault('HEAVY_LANES_VAR_DIR', tempfile.mkdtemp(prefix='heavy-lanes-test-'))
 # Tests use their own Redis databases: 13 for lanes, notifications and pools (keys under per-test
 # prefixes), 14 for the Celery broker (flushed by the worker fixtures).
