@@ -219,12 +219,14 @@ class HeavyCallView(APIView):
         # Watched before it is published: its end's notice can't come before the watch (workers.notify).
         with lifecycle.watching(heavy.call_id) if wait > 0 else nullcontext() as watch:
             try:
-                with submission.claimed(heavy) as call:  # this Idempotency-Key's call: before, or racing us
+                with submission.claimed(heavy) as claim:  # this Idempotency-Key's call: before, or racing us
+                    call = claim.earlier
                     if call is None:
                         try:
                             call, self.admission = submission.submit(heavy, self.check_rate_limits)
                         except submission.BrokerUnavailable as ex:
                             raise errors.ServiceUnavailable(str(ex)) from ex
+                        claim.made(call)
                 if call is None:
                     return Response(refusal_body(self.admission), status=status.HTTP_429_TOO_MANY_REQUESTS)
             except submission.IdempotencyConflict as ex:

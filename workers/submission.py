@@ -1,10 +1,10 @@
 """The service the heavy-call views call, in the order it runs: prepare, claim (and replay), submit, wait.
 
     heavy = prepare(user, '$match', body, semantic=True, idempotency_key=key, waits=True, facts=facts)
-    with claimed(heavy) as earlier:         # one request per key at a time; `earlier`: the call this key and
-        if earlier is not None: ...         # payload made (no new lease), a racing request's included
+    with claimed(heavy) as claim:           # one request per key at a time; `claim.earlier`: the call this
+        if claim.earlier is not None: ...   # key and payload made (no new lease), a racing request's included
         call, admission = submit(heavy, throttle)  # shared with identical work, or admitted and enqueued
-        if call is None: ...                # 429: refused, nothing was taken or written
+        claim.made(call)                    # the key now names this call (None: 429, nothing was written)
     with waiting_slot(user, seconds) as allowed:  # a request that waits for the result, if this host can hold it
         ...
 
@@ -130,22 +130,48 @@ def replay(heavy):
 
 CLAIM_SECONDS = 10      # a claim outlives a stuck request by at most this much
 CLAIM_WAIT_SECONDS = 5  # how long a racing request waits for the claimant's call
+KNOWN_SECONDS = 24 * 3600  # how long a key stays claimed after its call was recorded (at most retention)
+
+
+class Claim:
+    """One request's hold on its Idempotency-Key (see `claimed`): `earlier` is the call to answer with (made
+    before with this key and payload, or by a racing request); `made(call)` tells it what `submit` gave the
+    request: a call recorded with the key (its own, or the one that won a race for the key), which keeps
+    the key claimed, or None (refused: nothing was written)."""
+
+    def __init__(self):
+        self.earlier = None
+        self.recorded = False
+
+    def made(self, call):
+        self.recorded = call is not None
+
+
+def known_seconds():
+    """How long a recorded call's key stays claimed: a day, never past the call's row (retention deletes
+    it that long after the call ended, so after the claim expired)."""
+    return max(1, min(KNOWN_SECONDS, settings.HEAVY_LANES_RETENTION_SECONDS))
 
 
 @contextmanager
 def claimed(heavy):
-    """Hold this user's Idempotency-Key while the call is admitted and recorded.
+    """Hold this user's Idempotency-Key while the call is admitted and recorded; yield its Claim.
 
     Two racing requests with one key used to both pass the gate and the rate limit before the row's
     unique constraint picked one: the loser took a gate decision and rate-limit allowance for nothing. The
     first claims the key in Redis (SET NX); a second waits up to CLAIM_WAIT_SECONDS for the first one's
     row and is answered with it (`replay`), or claims the key itself when the first gave up without a
     call (refused, 503). Without Redis the constraint alone still gives both one call.
-    Yields the earlier call when this request is to be answered with it (a resend of a call made before,
-    found by the one `replay` after the claim), else None.
+
+    A request that recorded a call under the key keeps it claimed for `known_seconds()`, so a resend finds
+    the claim and is answered with that call (`replay`), while a claim that SET NX takes at once is a new
+    key, answered with no database lookup. Should Redis have lost the claim of a recorded call (a flush, a
+    failover, a restart), a resend is still answered with that call, by the row's unique constraint, at the
+    price of an admission and a rate-limit allowance.
     """
+    claim = Claim()
     if not heavy.idempotency_key:
-        yield None
+        yield claim
         return
     store = get_store()
     key = claim_key('idempotency', heavy.user.pk, hashlib.sha256(heavy.idempotency_key.encode()).hexdigest())
@@ -161,20 +187,26 @@ def claimed(heavy):
                     held = None
             else:
                 held = None
-            if held is not False:
-                # A resend of a call made earlier, or one a request that claimed and released the key
-                # made meanwhile; without Redis (None) too, so a resend still gets its call at once.
-                yield replay(heavy)
+            if held:
+                yield claim  # a new key: no call was recorded with it (see above)
                 return
-            earlier = replay(heavy)
-            if earlier is not None or time.monotonic() >= deadline:
-                yield earlier
+            if held is None:
+                # Without Redis: a resend still gets its call at once.
+                claim.earlier = replay(heavy)
+                yield claim
+                return
+            claim.earlier = replay(heavy)
+            if claim.earlier is not None or time.monotonic() >= deadline:
+                yield claim
                 return
             time.sleep(0.02)
     finally:
         if held:
             try:
-                store.command('delete', key)
+                if claim.recorded:
+                    store.command('expire', key, known_seconds())
+                else:
+                    store.command('delete', key)
             except Exception as ex:  # noqa: BLE001 - it expires in CLAIM_SECONDS
                 failopen.record(None, ex, 'idempotency claim release', store)
 

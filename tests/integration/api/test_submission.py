@@ -67,6 +67,46 @@ def test_another_users_idempotency_key_is_theirs_alone(broker, lanes_redis, tiny
         match(two, tiny_source, HTTP_IDEMPOTENCY_KEY='k').json()['id']
 
 
+def idempotency_claim(user, key):
+    import hashlib
+
+    from capacity.keys import claim_key
+    return claim_key('idempotency', user.pk, hashlib.sha256(key.encode()).hexdigest())
+
+
+def test_a_new_idempotency_key_is_answered_without_looking_for_an_earlier_call(
+        broker, lanes_redis, tiny_source, make_user, api_as):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    user = make_user()
+    client = api_as(user)
+    with CaptureQueriesContext(connection) as queries:
+        assert match(client, tiny_source, HTTP_IDEMPOTENCY_KEY='fresh').status_code == 202
+    lookups = [q['sql'] for q in queries.captured_queries
+               if q['sql'].lstrip().upper().startswith('SELECT') and 'idempotency_key' in q['sql']]
+    assert lookups == []
+    # The recorded call keeps its key claimed, so a resend finds it (the claim of a request lasts 10 s).
+    assert lanes_redis.ttl(idempotency_claim(user, 'fresh')) > 3600
+
+
+def test_a_resend_whose_claim_redis_lost_is_still_answered_with_its_first_call(
+        broker, lanes_redis, tiny_source, make_user, api_as):
+    user = make_user('core_user')
+    client = api_as(user)
+    first = match(client, tiny_source, same=True, HTTP_IDEMPOTENCY_KEY='lost')
+    assert first.status_code == 202
+    lanes_redis.delete(idempotency_claim(user, 'lost'))  # as a flush or a failover would
+    again = match(client, tiny_source, same=True, HTTP_IDEMPOTENCY_KEY='lost')
+    assert again.status_code == 202
+    assert again.json()['id'] == first.json()['id']
+    lanes_redis.delete(idempotency_claim(user, 'lost'))
+    other = match(client, tiny_source, rows=[{'name': 'fever'}], HTTP_IDEMPOTENCY_KEY='lost')
+    assert other.status_code == 422
+    assert other.json()['error_code'] == 'idempotency_conflict'
+    assert HeavyCall.objects.filter(owner=user).count() == 1
+    assert user_leases(lanes_redis, user) == 1  # what the resends took was given back
+
+
 def test_racing_requests_with_one_idempotency_key_get_one_call(
         broker, lanes_redis, tiny_source, make_user, api_as, configure):
     configure(per_user=MANY, tiers=MANY, es2_knn=50, api_heavy={'cluster': 50, 'per_task': 50})
