@@ -186,6 +186,9 @@ CAPACITY_REDIS_RETRY_SECONDS = env_int('CAPACITY_REDIS_RETRY_SECONDS', 15)
 CAPACITY_REDIS_DEADLINE_SECONDS = env_float('CAPACITY_REDIS_DEADLINE_SECONDS', 1.0)
 CAPACITY_TASK_ID = os.environ.get('CAPACITY_TASK_ID', '') or socket.gethostname()
 CAPACITY_KEY_PREFIX = os.environ.get('CAPACITY_KEY_PREFIX', 'ocl:capacity')
+# The longest a process keeps a caller's token or a source's version (workers.local_cache) when a change to
+# it went unannounced; an announced change drops it at once everywhere. 0 keeps nothing.
+HEAVY_LANES_LOCAL_CACHE_SECONDS = env_int('HEAVY_LANES_LOCAL_CACHE_SECONDS', 30)
 
 # --- The API's serving model: gunicorn's gthread workers, API_THREADS threads per process (docs/architecture.md,
 # "Waiting"). A request waiting for a call's result holds a thread, not a process; at most

@@ -126,6 +126,11 @@ def notice_channel(call_id):
     return f'heavy-lanes:done:{call_id}'
 
 
+# Where a change to a fact that API processes keep is announced (workers.local_cache): like the notices,
+# not under the prefix, so every process of every prefix hears it (a change only costs a re-read).
+INVALIDATION_CHANNEL = 'heavy-lanes:invalidate'
+
+
 def claim_key(kind, *parts):
     """A short-lived claim that one request is doing something for everyone (e.g. kind `idempotency`,
     parts user id and the key's digest), so racing requests wait for it instead of doing it twice."""

@@ -114,11 +114,15 @@ def make_user(db):
 
 @pytest.fixture(autouse=True)
 def fresh_caches():
-    """Each test starts with no cached config or tiers (user ids are reused after a database flush)."""
+    """Each test starts with no cached config, tiers, tokens or source versions (user ids are reused after a
+    database flush, and a rolled-back change announces nothing)."""
     from capacity.caller import clear_tiers
     from concepts.services import forget_sources
+    from workers import local_cache
     clear_tiers()
     forget_sources()
+    local_cache.forget()
     yield
     clear_tiers()
     forget_sources()
+    local_cache.forget()

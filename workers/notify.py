@@ -21,6 +21,11 @@ A request can register its watch before its call is published (`watch`, then `wa
 the call can't end before its watch, so the wait needn't read the row first (a notice, or the first
 periodic look, finds the end).
 
+The same connection carries the process's invalidations (capacity.keys.INVALIDATION_CHANNEL): a message
+there names a fact the process may keep (a token, a source's version: workers.local_cache) that changed.
+The hub hands each to its `listeners`, and tells them when it is connected (subscribed to both) and when it
+lost the connection, so a cache keeps nothing while a change could go unheard.
+
 Written by hand because redis-py's pub/sub gives one connection per subscriber and no fan-out to many
 waiting threads.
 """
@@ -31,6 +36,7 @@ from dataclasses import dataclass
 
 import redis
 
+from capacity.keys import INVALIDATION_CHANNEL
 from capacity.keys import notice_channel as channel
 from common import connections
 from common.process import PerProcess
@@ -108,15 +114,34 @@ class Hub:
         self.connected = threading.Event()
         self.thread = None
         self.prefix = channel('')
+        # Objects with connected(), lost() and invalidated(data) (workers.local_cache). They are told of each
+        # change of state after `connected` changes, so one that reads `connected` never keeps a fact it
+        # could miss the invalidation of.
+        self.listeners = []
+
+    def start(self):
+        """Start the subscriber thread unless it runs (watch starts it too)."""
+        with self.lock:
+            self._start()
+
+    def _start(self):
+        if self.thread is None or not self.thread.is_alive():
+            self.thread = threading.Thread(target=self.run, name='heavy-lanes-notices', daemon=True)
+            self.thread.start()
+
+    def listen_for_invalidations(self, listener):
+        """Tell `listener` of every invalidation and of the connection's state, from now on; starts the hub."""
+        with self.lock:
+            if listener not in self.listeners:
+                self.listeners.append(listener)
+            self._start()
 
     def watch(self, call_id):
         """A Watch woken when `call_id`'s notices come; give it back with `unwatch`."""
         watch = Watch(call_id)
         with self.lock:
             self.waiters.setdefault(call_id, set()).add(watch)
-            if self.thread is None or not self.thread.is_alive():
-                self.thread = threading.Thread(target=self.run, name='heavy-lanes-notices', daemon=True)
-                self.thread.start()
+            self._start()
         return watch
 
     def unwatch(self, watch):
@@ -147,11 +172,23 @@ class Hub:
                                'their calls every %s s until it is back', type(ex).__name__, ex,
                                FALLBACK_POLL_SECONDS)
             self.connected.clear()
+            self.tell('lost')
             time.sleep(RECONNECT_SECONDS)
+
+    def tell(self, what, *args):
+        """Call `what` on every invalidation listener; a listener's error is logged, never the hub's end."""
+        for listener in list(self.listeners):
+            try:
+                getattr(listener, what)(*args)
+            except Exception:  # noqa: BLE001 - one listener's bug must not deafen the waiting requests
+                logger.exception('An invalidation listener failed in %s', what)
 
     def listen(self):
         pubsub = get_client().pubsub(ignore_subscribe_messages=False)
         try:
+            # Subscribed in this order, the psubscribe's confirmation comes after the subscribe's: once it
+            # has come, both channels are heard.
+            pubsub.subscribe(INVALIDATION_CHANNEL)
             pubsub.psubscribe(self.prefix + '*')
             heard = pinged = time.monotonic()
             while True:
@@ -162,6 +199,9 @@ class Hub:
                     kind = message.get('type')
                     if kind == 'psubscribe':
                         self.connected.set()
+                        self.tell('connected')
+                    elif kind == 'message':
+                        self.tell('invalidated', message.get('data', b''))
                     elif kind == 'pmessage':
                         name = message['channel']
                         name = name.decode() if isinstance(name, bytes) else name
