@@ -12,3 +12,18 @@ class WorkersApp(AppConfig):
         from capacity import status
         from workers.status import get_queues
         status.add_section('queues', get_queues)
+        self.connect_sources()
+
+    @staticmethod
+    def connect_sources():
+        """A saved or deleted Source drops the source versions every process keeps (workers.sharing)."""
+        from django.db.models.signals import post_delete, post_save
+
+        from concepts.models import Source
+        from workers.local_cache import SOURCE, changed
+
+        def source_changed(sender, using=None, **kwargs):
+            changed(SOURCE, using=using)
+        for signal in (post_save, post_delete):
+            signal.connect(source_changed, sender=Source, weak=False,
+                           dispatch_uid=f'heavy-lanes-source-{signal is post_save}')

@@ -8,7 +8,8 @@ answers identical calls for `cache.ttl_seconds` (warm results), without admissio
 
 A work's key is the endpoint, its user-visible inputs (canonical JSON) and what else its result depends
 on: the version and checksum of the source it reads, and the models that score it. Nothing of the user
-goes into it. Two Redis keys per work, under the lane prefix (capacity.keys): a claim naming the call that
+goes into it. The source's version is kept per process (workers.local_cache, dropped when a Source is
+saved or deleted: workers.apps), since every call asks for it. Two Redis keys per work, under the lane prefix (capacity.keys): a claim naming the call that
 runs it while it is open (SET NX, so one call leads across every API host), and a pointer to the call
 whose result is warm. The leader's end gives the claim up and sets the pointer in one script
 (workers.lifecycle.sharing.release_work).
@@ -29,10 +30,12 @@ from capacity.constants import MATCH
 from capacity.keys import warm_key, work_claim_key
 from capacity.store import get_store
 from workers import lifecycle
+from workers.local_cache import SOURCE, LocalCache
 from workers.lifecycle.sharing import claim_ms
 from workers.models import OPEN_STATES, HeavyCall, ServedAs, State
 
 LEADER_ROW_WAIT_SECONDS = 5.0  # a leader claims its work just before it commits its row
+SOURCE_VERSIONS = LocalCache(SOURCE)  # target_repo_url -> concepts.services.source_version of it
 
 
 def work_key(endpoint, payload, semantic=False, reranker=False):
@@ -42,7 +45,7 @@ def work_key(endpoint, payload, semantic=False, reranker=False):
     url = body.get('target_repo_url') if endpoint == MATCH and isinstance(body, dict) else None
     canonical = json.dumps({
         'endpoint': endpoint, 'semantic': bool(semantic), 'reranker': bool(reranker), 'payload': payload,
-        'source': services.source_version(url) if url else None,
+        'source': SOURCE_VERSIONS.get(url, lambda: services.source_version(url)) if url else None,
         'embedder': services.embedder_name() if semantic else None,
         'reranker_model': services.reranker_name() if reranker or endpoint != MATCH else None,
     }, sort_keys=True, separators=(',', ':'), default=str)
