@@ -168,9 +168,9 @@ class Hub:
             try:
                 self.listen()
             except Exception as ex:  # noqa: BLE001 - the hub never dies: a closed socket raises ValueError too
-                logger.warning('Completion notices lost their Redis connection (%s: %s); waiting requests read '
-                               'their calls every %s s until it is back', type(ex).__name__, ex,
-                               FALLBACK_POLL_SECONDS)
+                logger.warning('Completion notices lost their Redis connection (%s: %s); until it is back, waiting '
+                               'requests read their calls every %s s and tokens and source versions are read '
+                               'from the database every time', type(ex).__name__, ex, FALLBACK_POLL_SECONDS)
             self.connected.clear()
             self.tell('lost')
             time.sleep(RECONNECT_SECONDS)
