@@ -1,10 +1,13 @@
 """Time to a final state under the load generator's default mix, and a generic client's bulk run (issue 15).
 
     .venv/bin/python bench/latency.py [--seconds 20] [--users 8] [--generic-users 4] [--batches 10]
-                                      [--rows 20] [--terminology tiny] [--api-workers 3]
+                                      [--rows 20] [--terminology hpo] [--api-workers 3]
 
 A private stack (bench/stack.py): gunicorn with --api-workers processes, one lane worker per queue, pools
-from the default capacity config (interactive 1, es2_knn 2, api_heavy 3), warm results off.
+from the default capacity config (interactive 1, es2_knn 2, api_heavy 3), warm results off, serving the
+terminology `make run` loads (HPO), which is the stack the load generator meets from a fresh clone.
+`--terminology tiny` makes every call 3-5 times shorter: a stricter test of the bulk bound, which is
+relative to the calls' own queue wait and run, against the fixed HTTP hops around them.
 
 Part 1, `mix-poll` and `mix-wait`: `heavy_lanes_client.load.LoadGenerator` with its default mix (single 5,
 bulk 3, bulk-rerank 1, rerank 1), --users users taking the four demo tokens in turn, for --seconds, in the
@@ -316,7 +319,9 @@ def main():
     parser.add_argument('--rows', type=int, default=20)
     parser.add_argument('--call-seconds', type=float, default=1.0, help='how long each generic call holds its slot')
     parser.add_argument('--api-workers', type=int, default=3)
-    parser.add_argument('--terminology', default='tiny', choices=('hpo', 'tiny'))
+    parser.add_argument('--terminology', default='hpo', choices=('hpo', 'tiny'),
+                        help="the stack's source: hpo, what `make run` loads (the default since 2026-12-03), or "
+                             "tiny, whose calls are 3-5 times shorter")
     parser.add_argument('--parts', default='mix-poll,mix-wait,generic')
     parser.add_argument('--warmup', type=float, default=3,
                         help='seconds of the same mix before each measured mix part, not measured (0: none)')
