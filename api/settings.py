@@ -189,6 +189,8 @@ CAPACITY_KEY_PREFIX = os.environ.get('CAPACITY_KEY_PREFIX', 'ocl:capacity')
 # The longest a process keeps a caller's token or a source's version (workers.local_cache) when a change to
 # it went unannounced; an announced change drops it at once everywhere. 0 keeps nothing.
 HEAVY_LANES_LOCAL_CACHE_SECONDS = env_int('HEAVY_LANES_LOCAL_CACHE_SECONDS', 30)
+# The pub/sub channel those changes are announced on; one per deployment sharing a Redis.
+HEAVY_LANES_INVALIDATION_CHANNEL = os.environ.get('HEAVY_LANES_INVALIDATION_CHANNEL', 'heavy-lanes:invalidate')
 
 # --- The API's serving model: gunicorn's gthread workers, API_THREADS threads per process (docs/architecture.md,
 # "Waiting"). A request waiting for a call's result holds a thread, not a process; at most

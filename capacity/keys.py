@@ -126,9 +126,11 @@ def notice_channel(call_id):
     return f'heavy-lanes:done:{call_id}'
 
 
-# Where a change to a fact that API processes keep is announced (workers.local_cache): like the notices,
-# not under the prefix, so every process of every prefix hears it (a change only costs a re-read).
-INVALIDATION_CHANNEL = 'heavy-lanes:invalidate'
+def invalidation_channel():
+    """The pub/sub channel a change to a fact API processes keep is announced on (workers.local_cache). Like
+    the notices', not under the key prefix: every process hears it, whatever prefix it uses.
+    HEAVY_LANES_INVALIDATION_CHANNEL keeps deployments (or test runs) that share one Redis apart."""
+    return settings.HEAVY_LANES_INVALIDATION_CHANNEL
 
 
 def claim_key(kind, *parts):

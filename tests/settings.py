@@ -29,6 +29,9 @@ from api.settings import *  # noqa: E402,F401,F403
 
 CELERY_BROKER_TRANSPORT_OPTIONS = {**CELERY_BROKER_TRANSPORT_OPTIONS,
                                    'global_keyprefix': f'hltest-{os.environ["HEAVY_LANES_TEST_RUN_ID"]}:'}
+# And its announcements of changed tokens and sources on a channel of its own (workers.local_cache): another
+# test process's change would drop what a test counts on being kept.
+HEAVY_LANES_INVALIDATION_CHANNEL = f'heavy-lanes:invalidate:{os.environ["HEAVY_LANES_TEST_RUN_ID"]}'
 
 if os.environ.get('HEAVY_LANES_TEST_ON_POSTGRES') == '1':
     # The second pass of `make test`: the tests marked `postgres` run with PostgreSQL as the database.

@@ -8,7 +8,7 @@ reads (workers.sharing.work_key).
 
 Read every time, the two cost a database round trip each per call: under load, a third of an API
 process's time before a call's row (docs/benchmarks.md, 2026-12-03). A kept fact must not outlive a change:
-- A change is announced on INVALIDATION_CHANNEL after its transaction commits (`changed`, called from the
+- A change is announced on its channel (capacity.keys.invalidation_channel) after its transaction commits (`changed`, called from the
   models' signals: api.apps, workers.apps); each process's notice hub (workers.notify) hears it and its
   listener here drops the fact. The process that made the change drops it at once as well.
 - A process keeps and answers nothing from here while its hub isn't subscribed, and drops all it kept
@@ -30,7 +30,7 @@ import redis
 from django.conf import settings
 from django.db import transaction
 
-from capacity.keys import INVALIDATION_CHANNEL
+from capacity.keys import invalidation_channel
 from common import connections
 from common.process import PerProcess
 from workers import notify
@@ -128,7 +128,7 @@ def announce(name, key=None):
     is logged, and what other processes kept goes stale for at most HEAVY_LANES_LOCAL_CACHE_SECONDS."""
     _kept.get().drop(name, key)  # a thread of this process may have read it again before the commit
     try:
-        connections.connect('notices').publish(INVALIDATION_CHANNEL, f'{name}\n{key or ""}')
+        connections.connect('notices').publish(invalidation_channel(), f'{name}\n{key or ""}')
     except redis.RedisError as ex:
         logger.warning('Could not announce a change of %s (%s: %s); other processes may keep the old one for up '
                        'to %s s', name, type(ex).__name__, ex, settings.HEAVY_LANES_LOCAL_CACHE_SECONDS)

@@ -21,7 +21,7 @@ A request can register its watch before its call is published (`watch`, then `wa
 the call can't end before its watch, so the wait needn't read the row first (a notice, or the first
 periodic look, finds the end).
 
-The same connection carries the process's invalidations (capacity.keys.INVALIDATION_CHANNEL): a message
+The same connection carries the process's invalidations (capacity.keys.invalidation_channel): a message
 there names a fact the process may keep (a token, a source's version: workers.local_cache) that changed.
 The hub hands each to its `listeners`, and tells them when it is connected (subscribed to both) and when it
 lost the connection, so a cache keeps nothing while a change could go unheard.
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import redis
 
-from capacity.keys import INVALIDATION_CHANNEL
+from capacity.keys import invalidation_channel
 from capacity.keys import notice_channel as channel
 from common import connections
 from common.process import PerProcess
@@ -188,7 +188,7 @@ class Hub:
         try:
             # Subscribed in this order, the psubscribe's confirmation comes after the subscribe's: once it
             # has come, both channels are heard.
-            pubsub.subscribe(INVALIDATION_CHANNEL)
+            pubsub.subscribe(invalidation_channel())
             pubsub.psubscribe(self.prefix + '*')
             heard = pinged = time.monotonic()
             while True:
