@@ -1,9 +1,11 @@
 """Django settings for Heavy Lanes.
 
 Every value comes from the environment with an embedded default that runs on one machine: SQLite in
-``var/`` and a Redis at 127.0.0.1:6379. Production sets ``DATABASE_URL`` (PostgreSQL), ``REDIS_URL`` or
-the ``REDIS_*`` parts, and ``HEAVY_LANES_PRODUCTION=true``.
+``var/`` and a Redis at 127.0.0.1:6379, or the one the ``make run`` running on ``var/`` started. Production
+sets ``DATABASE_URL`` (PostgreSQL), ``REDIS_URL`` or the ``REDIS_*`` parts, and
+``HEAVY_LANES_PRODUCTION=true``.
 """
+import json
 import os
 import socket
 from pathlib import Path
@@ -144,8 +146,29 @@ CORE_USER_GROUP = os.environ.get('CORE_USER_GROUP', 'core_user')
 EARLY_ACCESS_GROUP = os.environ.get('EARLY_ACCESS_GROUP', 'early_access')
 PREVIEW_GROUP = os.environ.get('PREVIEW_GROUP', 'preview')
 
-# --- Redis. REDIS_URL, when set, wins over the parts.
+
+
+def running_stack_redis_url(var_dir):
+    """The Redis of the `make run` running on `var_dir` (its run.json, while its launcher lives), or ''.
+
+    `make run` starts its own Redis on a free port and tells only its children; a `manage.py` command run
+    beside it (revoking a token, `capacity status`, draining a lane) must reach that Redis and broker, not
+    the default one, or what it announces is heard by nobody.
+    """
+    try:
+        run = json.loads((Path(var_dir) / 'run.json').read_text())
+        os.kill(int(run['launcher']), 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return ''
+    return run.get('redis_url') or ''
+
+
+# --- Redis. REDIS_URL, when set, wins over the parts; with neither, outside production, the Redis of a
+# `make run` on this VAR_DIR.
 REDIS_URL = os.environ.get('REDIS_URL', '')
+if not REDIS_URL and not PRODUCTION and not any(
+        os.environ.get(name) for name in ('REDIS_HOST', 'REDIS_PORT', 'REDIS_DB', 'REDIS_PASSWORD')):
+    REDIS_URL = running_stack_redis_url(VAR_DIR)
 if REDIS_URL:
     _redis = urlparse(REDIS_URL)
     REDIS_HOST = _redis.hostname or '127.0.0.1'

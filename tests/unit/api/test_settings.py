@@ -1,4 +1,5 @@
 """Settings and processes that would be unsafe in production refuse to start."""
+import json
 import os
 import subprocess
 import sys
@@ -53,3 +54,33 @@ def test_celery_accepts_json_only():
     assert app.conf.accept_content == ['json']
     assert app.conf.task_serializer == app.conf.result_serializer == 'json'
     assert app.conf.event_serializer == 'json'
+
+
+def redis_url_seen(var_dir, **env):
+    environ = {k: v for k, v in os.environ.items()
+               if not k.startswith('REDIS_')
+               and k not in ('DJANGO_SETTINGS_MODULE', 'HEAVY_LANES_PRODUCTION', 'CELERY_BROKER_URL', 'CACHE_REDIS_URL')}
+    script = 'from django.conf import settings; print(settings.REDIS_URL, settings.CELERY_BROKER_URL)'
+    result = subprocess.run(
+        [sys.executable, '-c', f'import django; django.setup(); {script}'], cwd=ROOT, capture_output=True,
+        text=True, timeout=60,
+        env={**environ, 'DJANGO_SETTINGS_MODULE': 'api.settings', 'HEAVY_LANES_VAR_DIR': str(var_dir), **env})
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split()
+
+
+def test_manage_py_beside_make_run_reaches_its_redis(tmp_path):
+    """A command run beside `make run` (no REDIS_URL) talks to the Redis that run started, while it lives."""
+    stack = 'redis://127.0.0.1:41999/0'
+    run = tmp_path / 'run.json'
+    run.write_text(json.dumps({'launcher': os.getpid(), 'redis_url': stack, 'children': {}}))
+    assert redis_url_seen(tmp_path) == [stack, stack]
+    assert redis_url_seen(tmp_path, REDIS_URL='redis://10.0.0.9:6379/2')[0] == 'redis://10.0.0.9:6379/2'
+    assert redis_url_seen(tmp_path, REDIS_PORT='6390')[0] == 'redis://127.0.0.1:6390/0'
+
+    gone = subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'], capture_output=True,
+                          text=True, check=True)
+    run.write_text(json.dumps({'launcher': int(gone.stdout), 'redis_url': stack, 'children': {}}))
+    assert redis_url_seen(tmp_path)[0] == 'redis://127.0.0.1:6379/0'
+    run.unlink()
+    assert redis_url_seen(tmp_path)[0] == 'redis://127.0.0.1:6379/0'
