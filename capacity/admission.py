@@ -103,6 +103,12 @@ class Admission:
         return Lease([state.key for state in self.worker_lanes()], self.token, lease_ms, holding=self.holding,
                      store=store, acquired_ms=self.acquired_ms)
 
+    def worker_lease_message(self):
+        """The worker's leases as the call's message carries them (workers.lifecycle.create.send), so a
+        worker can renew them before it reads the call's row: `lease_from_message`."""
+        return {'keys': [state.key for state in self.worker_lanes()], 'token': self.token,
+                'holding': self.holding, 'acquired_ms': self.acquired_ms}
+
     def worker_limits(self):
         return [state.limit for state in self.worker_lanes()]
 
@@ -245,3 +251,13 @@ def log_record(admission, host=''):
         'request_id': facts.cid,  # the same id, under the name every other log line uses
         'task_id': admission.token,
     }
+
+
+def lease_from_message(data, lease_ms, store=None):
+    """The Lease of `Admission.worker_lease_message`'s `data`, or None when `data` isn't one."""
+    try:
+        keys, token = [str(key) for key in data['keys']], str(data['token'])
+        holding, acquired_ms = bool(data['holding']), int(data.get('acquired_ms') or 0)
+    except (TypeError, KeyError, ValueError):
+        return None
+    return Lease(keys, token, lease_ms, holding=holding, store=store, acquired_ms=acquired_ms)

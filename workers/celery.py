@@ -31,6 +31,8 @@ if not apps.ready and not apps.loading:
 from workers.lanes import MAINTENANCE_QUEUE, QUEUE_NAMES  # noqa: E402
 
 TASK_NAME = 'heavy_lanes.run_heavy_call'
+# A call's first message carries its worker leases in this header (capacity.admission.lease_from_message).
+LEASES_HEADER = 'heavy_lanes_leases'
 SWEEP_TASK = 'heavy_lanes.sweep'
 RETENTION_TASK = 'heavy_lanes.retention'
 

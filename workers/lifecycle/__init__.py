@@ -7,7 +7,8 @@
 
 - create: `enqueue(call)` writes the row and publishes its message in one transaction (no row without a
   message); `send` publishes it (the sweep sends a lost one again).
-- running (the worker's side): `start(call, worker)` claims a queued call for a worker, or takes over a
+- running (the worker's side): `start(call, worker)` claims a queued call for a worker (`claim_first`
+  claims a first delivery's call without reading it first, where one statement can), or takes over a
   running one whose worker is gone (a redelivery); a message of a call that runs on a live worker gets
   `BUSY` and must not run now: it is looked at again once that worker's heartbeat would be stale (a
   duplicate if the call ends first, a redelivery from a dead worker if it doesn't). A call runs at most once
@@ -42,8 +43,8 @@ from workers.lifecycle.reads import (
     wait, watching,
 )
 from workers.lifecycle.running import (
-    BUSY, ENDED, EXPIRE, RUN, Failure, Start, beat, busy_retry_in, fail, holder_gone, load, start,
-    succeed, time_out, worker_name,
+    BUSY, ENDED, EXPIRE, RUN, Failure, Start, beat, busy_retry_in, claim_first, claim_first_available, fail,
+    holder_gone, load, start, succeed, time_out, worker_name,
 )
 from workers.lifecycle.sharing import join, serve_cached, settle, unsettled
 from workers.lifecycle.upkeep import forget_finished, maybe_lost, overdue, redeliver, stranded
@@ -51,7 +52,8 @@ from workers.lifecycle.words import CANCELLED, EXPIRED, FAILED, HARD_LIMIT, SOFT
 
 __all__ = [
     'BUSY', 'CANCELLED', 'ENDED', 'EXPIRE', 'EXPIRED', 'FAILED', 'Failure', 'HARD_LIMIT', 'Progress', 'RUN',
-    'SOFT_LIMIT', 'Start', 'admission_of', 'answer', 'beat', 'busy_retry_in', 'cancel', 'discard_message',
+    'SOFT_LIMIT', 'Start', 'admission_of', 'answer', 'beat', 'busy_retry_in', 'cancel', 'claim_first',
+    'claim_first_available', 'discard_message',
     'end_unstarted', 'end_with_release', 'ended', 'enqueue', 'error_of', 'estimate', 'expire', 'fail', 'forget_finished',
     'holder_gone', 'join', 'load', 'log_line', 'maybe_lost', 'note_limiter', 'overdue', 'position',
     'progress', 'redeliver', 'result', 'send', 'serve_cached', 'settle', 'start', 'stopped', 'stored_result',

@@ -105,6 +105,21 @@ def start(call, worker):
     return Start(RUN, redelivered)
 
 
+def claim_first_available():
+    """Whether `claim_first` can claim a call here (else it always answers None)."""
+    return statements.available()
+
+
+def claim_first(call_id, worker):
+    """A first delivery's claim of a queued call without reading its row first (PostgreSQL: one statement,
+    workers.lifecycle.statements.claim_first, followers included): the claimed row, running on `worker`, or
+    None — the call is not queued, was delivered before, is past its queue deadline, its row isn't
+    committed yet, or the database is another — and then `load` and `start` decide, as for any delivery."""
+    if not claim_first_available():
+        return None
+    return statements.claim_first(call_id, worker, timezone.now())
+
+
 def busy_retry_in(call, now, stale_seconds):
     """When to look again at a call another worker runs: just after its heartbeat would go stale."""
     age = (now - call.heartbeat_at).total_seconds() if call.heartbeat_at else stale_seconds

@@ -1,5 +1,6 @@
 """Two transitions of a call's run, each as one statement on PostgreSQL, where the ORM needs several round
-trips: a worker's claim of a queued call with its queued followers, and a success with its result row.
+trips: a worker's claim of a queued call with its queued followers (for a first delivery, with the claimed
+row read back: `claim_first`, so the worker needn't read it before), and a success with its result row.
 
 Every single-row call pays the worker's own round trips to the database while the next call waits in a
 queue behind one process (the interactive lane's pool is `reserve_single_row`, 1 by default), so each one
@@ -50,6 +51,24 @@ def claim_queued(call_id, worker, now):
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchone()[0] == 1
+
+
+def claim_first(call_id, worker, now):
+    """A first delivery's claim of its call, read back: mark the call running on `worker` when it is queued,
+    was never delivered before (attempts 0) and its queue deadline is ahead, and its queued followers with
+    it; the claimed row (a HeavyCall), or None when nothing changed."""
+    c = lambda name: _column(HeavyCall, name)  # noqa: E731
+    table = _q(HeavyCall._meta.db_table)
+    columns = ', '.join(_q(field.column) for field in HeavyCall._meta.concrete_fields)
+    sql = (f'WITH claimed AS (UPDATE {table} SET {c("state")} = %s, {c("started_at")} = %s, '
+           f'{c("attempts")} = {c("attempts")} + 1, {c("worker")} = %s, {c("heartbeat_at")} = %s '
+           f'WHERE {c("id")} = %s AND {c("state")} = %s AND {c("attempts")} = 0 AND {c("expires_at")} > %s '
+           f'RETURNING {columns}), '
+           f'followers AS (UPDATE {table} SET {c("state")} = %s, {c("started_at")} = %s '
+           f'WHERE {c("leader")} IN (SELECT {c("id")} FROM claimed) AND {c("state")} = %s) '
+           f'SELECT {columns} FROM claimed')
+    params = [State.RUNNING, now, worker, now, call_id, State.QUEUED, now, State.RUNNING, now, State.QUEUED]
+    return next(iter(HeavyCall.objects.raw(sql, params)), None)
 
 
 def succeed_with_result(call_id, worker, finished_at, result_row, update_fields):

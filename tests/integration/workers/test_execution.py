@@ -1,6 +1,8 @@
 """Running one call in a worker, called as a plain function (no broker), on both lane stores: the lease
 hand-off (renew at start, retake on redelivery, release at the end), states, duplicates, and fail-open
-cases."""
+cases. Each case is delivered twice: as a message that carries the call's worker leases (a first publish)
+and as one that doesn't (an older message, or one sent again). On PostgreSQL (test_execution_postgres.py
+runs them all there) the first claims the row in one statement without reading it first."""
 import os
 import time
 from datetime import timedelta
@@ -10,6 +12,7 @@ import pytest
 from django.utils import timezone
 
 from capacity import gate
+from capacity.admission import Admission
 from capacity.constants import Lane
 from capacity.store import get_store
 from tests.integration.workers.conftest import wait_until
@@ -19,6 +22,18 @@ from workers.models import HeavyCall
 pytestmark = pytest.mark.django_db
 
 
+
+
+@pytest.fixture(params=['message with leases', 'message without'])
+def deliver(request):
+    """deliver(call_id, **kwargs): execution.run as the task calls it for a message of either form."""
+    def deliver(call_id, **kwargs):
+        if request.param == 'message with leases':
+            admission = HeavyCall.objects.filter(pk=call_id).values_list('admission', flat=True).first()
+            if admission is not None:
+                kwargs['leases'] = Admission.from_json(admission, token=call_id).worker_lease_message()
+        return execution.run(call_id, **kwargs)
+    return deliver
 
 
 @pytest.fixture
@@ -50,7 +65,7 @@ def now_ms(client):
     return seconds * 1000 + micros // 1000
 
 
-def test_a_call_renews_its_queued_leases_runs_and_releases_them(make_user, lanes, lines):
+def test_a_call_renews_its_queued_leases_runs_and_releases_them(deliver, make_user, lanes, lines):
     call = admitted(make_user())
     assert min(scores(lanes, call)) > now_ms(lanes) + 500_000  # queued: until the queue deadline
     seen = {}
@@ -59,7 +74,7 @@ def test_a_call_renews_its_queued_leases_runs_and_releases_them(make_user, lanes
         seen['scores'] = scores(lanes, row)
         seen['state'] = HeavyCall.objects.get(pk=row.pk).state
         return {'ok': True}
-    assert execution.run(call.pk, perform=perform, node='w@h') == {'ok': True}
+    assert deliver(call.pk, perform=perform, node='w@h') == {'ok': True}
     assert seen['state'] == 'running'
     assert max(seen['scores']) < now_ms(lanes) + 61_000  # renewed by lease_seconds at start
     assert scores(lanes, call) == [None] * len(keys(call))  # released
@@ -71,14 +86,14 @@ def test_a_call_renews_its_queued_leases_runs_and_releases_them(make_user, lanes
     assert line['run_ms'] >= 0 and line['wait_ms'] >= 0 and line['lease_lost'] is None
 
 
-def test_a_runs_end_releases_and_announces_in_one_round_trip(make_user, lanes, lines):
+def test_a_runs_end_releases_and_announces_in_one_round_trip(deliver, make_user, lanes, lines):
     from workers import notify
     call = admitted(make_user())
     store = get_store()
     with mock.patch.object(store, 'release', wraps=store.release) as release, \
             mock.patch.object(store, 'release_and_end', wraps=store.release_and_end) as together, \
             mock.patch.object(notify, 'publish') as publish_alone:
-        execution.run(call.pk, perform=lambda row: {'ok': True}, node='w@h')
+        deliver(call.pk, perform=lambda row: {'ok': True}, node='w@h')
     release.assert_not_called()
     publish_alone.assert_not_called()
     (released, token), sent = together.call_args
@@ -88,10 +103,10 @@ def test_a_runs_end_releases_and_announces_in_one_round_trip(make_user, lanes, l
     assert scores(lanes, call) == [None] * len(keys(call))
 
 
-def test_a_failing_call_is_failed_refunded_and_releases_its_leases(make_user, lanes, lines):
+def test_a_failing_call_is_failed_refunded_and_releases_its_leases(deliver, make_user, lanes, lines):
     call = admitted(make_user())
     with pytest.raises(ValueError):
-        execution.run(call.pk, perform=mock.Mock(side_effect=ValueError('no such source')))
+        deliver(call.pk, perform=mock.Mock(side_effect=ValueError('no such source')))
     call.refresh_from_db()
     assert call.state == 'failed' and call.error == 'ValueError: no such source'
     assert call.refunded_at is not None
@@ -99,13 +114,14 @@ def test_a_failing_call_is_failed_refunded_and_releases_its_leases(make_user, la
     assert lines.call_args.args[0]['state'] == 'failed'
 
 
-def test_the_workers_release_measures_the_leases_hold_and_the_queues_run_time(make_user, lanes, lines):
+def test_the_workers_release_measures_the_leases_hold_and_the_queues_run_time(
+        deliver, make_user, lanes, lines):
     call = admitted(make_user())
 
     def perform(row):
         time.sleep(0.2)
         return {'ok': True}
-    execution.run(call.pk, perform=perform, node='w@h')
+    deliver(call.pk, perform=perform, node='w@h')
     holds = get_store().holds()
     assert 200 <= holds['run:es2_knn'] < 2000  # the run, timed by the worker
     # Each lane held it from the API's acquire to the worker's release: at least the run.
@@ -113,28 +129,28 @@ def test_the_workers_release_measures_the_leases_hold_and_the_queues_run_time(ma
     assert all(holds[field] >= holds['run:es2_knn'] for field in ('api_heavy', 'es2_knn', 'user'))
 
 
-def test_a_cancelled_run_is_not_measured_as_a_run(make_user, lanes, lines):
+def test_a_cancelled_run_is_not_measured_as_a_run(deliver, make_user, lanes, lines):
     call = admitted(make_user())
 
     def perform(row):
         lifecycle.cancel(row)
         return {'ok': True}
-    execution.run(call.pk, perform=perform, node='w@h')
+    deliver(call.pk, perform=perform, node='w@h')
     assert 'run:es2_knn' not in get_store().holds()
 
 
-def test_a_cancelled_call_never_runs(make_user, lanes):
+def test_a_cancelled_call_never_runs(deliver, make_user, lanes):
     call = admitted(make_user(), state='cancelled')
     perform = mock.Mock()
-    assert execution.run(call.pk, perform=perform) is None
+    assert deliver(call.pk, perform=perform) is None
     perform.assert_not_called()
 
 
-def test_a_call_past_its_queue_deadline_expires_unrun_and_frees_its_leases(make_user, lanes, lines):
+def test_a_call_past_its_queue_deadline_expires_unrun_and_frees_its_leases(deliver, make_user, lanes, lines):
     call = admitted(make_user())
     HeavyCall.objects.filter(pk=call.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
     perform = mock.Mock()
-    assert execution.run(call.pk, perform=perform) is None
+    assert deliver(call.pk, perform=perform) is None
     perform.assert_not_called()
     call.refresh_from_db()
     assert call.state == 'expired' and call.started_at is None
@@ -142,23 +158,23 @@ def test_a_call_past_its_queue_deadline_expires_unrun_and_frees_its_leases(make_
     assert lines.call_args.args[0]['state'] == 'expired'
 
 
-def test_a_redelivered_call_whose_leases_expired_takes_them_again(make_user, lanes):
+def test_a_redelivered_call_whose_leases_expired_takes_them_again(deliver, make_user, lanes):
     call = admitted(make_user(), state='running', attempts=1)
     for key in keys(call):
         lanes.zadd(key, {call.pk: 1000})  # its worker died long ago
     seen = {}
-    execution.run(call.pk, perform=lambda row: seen.setdefault('scores', scores(lanes, row)))
+    deliver(call.pk, perform=lambda row: seen.setdefault('scores', scores(lanes, row)))
     assert min(seen['scores']) > now_ms(lanes)  # counted again while it runs
     call.refresh_from_db()
     assert call.attempts == 2 and not call.lease_lost
 
 
-def test_a_first_delivery_whose_leases_are_gone_runs_uncounted_and_says_so(make_user, lanes, lines):
+def test_a_first_delivery_whose_leases_are_gone_runs_uncounted_and_says_so(deliver, make_user, lanes, lines):
     call = admitted(make_user())
     for key in keys(call):
         lanes.zrem(key, call.pk)
     perform = mock.Mock(return_value={})
-    execution.run(call.pk, perform=perform)
+    deliver(call.pk, perform=perform)
     perform.assert_called_once()
     assert all(score is None for score in scores(lanes, call))  # never revived
     call.refresh_from_db()
@@ -166,36 +182,37 @@ def test_a_first_delivery_whose_leases_are_gone_runs_uncounted_and_says_so(make_
     assert lines.call_args.args[0]['lease_lost'] is True
 
 
-def test_a_renewer_that_fails_to_start_still_runs_and_releases(make_user, lanes):
+def test_a_renewer_that_fails_to_start_still_runs_and_releases(deliver, make_user, lanes):
     call = admitted(make_user())
     with mock.patch.object(execution.BEATS, 'start', side_effect=RuntimeError("can't start new thread")):
-        assert execution.run(call.pk, perform=lambda row: 'done') == 'done'
+        assert deliver(call.pk, perform=lambda row: 'done') == 'done'
     assert scores(lanes, call) == [None] * len(keys(call))
     call.refresh_from_db()
     assert call.limiter_error == "RuntimeError: can't start new thread"
 
 
-def test_a_failing_log_line_never_fails_the_call(make_user, lanes):
+def test_a_failing_log_line_never_fails_the_call(deliver, make_user, lanes):
     call = admitted(make_user())
     with mock.patch('workers.lifecycle.reads.emit', side_effect=OSError('stdout is gone')) as emit:
-        assert execution.run(call.pk, perform=lambda row: {}) == {}
+        assert deliver(call.pk, perform=lambda row: {}) == {}
     emit.assert_called_once()
     assert HeavyCall.objects.get(pk=call.pk).state == 'succeeded'
 
 
-def test_a_message_whose_row_never_commits_is_dropped(make_user, lanes, monkeypatch):
+def test_a_message_whose_row_never_commits_is_dropped(deliver, make_user, lanes, monkeypatch):
     monkeypatch.setattr(lifecycle.running, 'ROW_WAIT_SECONDS', 0.1)
     perform = mock.Mock()
-    assert execution.run('0' * 32, perform=perform) is None
+    assert deliver('0' * 32, perform=perform) is None
     perform.assert_not_called()
 
 
-def test_a_delivery_of_a_call_running_on_a_live_worker_doesnt_run_it_and_looks_again_later(make_user, lanes):
+def test_a_delivery_of_a_call_running_on_a_live_worker_doesnt_run_it_and_looks_again_later(
+        deliver, make_user, lanes):
     call = admitted(make_user(), state='running', attempts=1, worker='other@node pid 1',
                     heartbeat_at=timezone.now() - timedelta(seconds=20))
     perform = mock.Mock()
     with pytest.raises(execution.Busy) as busy:
-        execution.run(call.pk, perform=perform, node='w@h')
+        deliver(call.pk, perform=perform, node='w@h')
     assert 40 <= busy.value.retry_in <= 42  # just after its heartbeat (20 s old) goes stale at 60 s
     perform.assert_not_called()
     call.refresh_from_db()
@@ -203,19 +220,20 @@ def test_a_delivery_of_a_call_running_on_a_live_worker_doesnt_run_it_and_looks_a
     assert all(scores(lanes, call))  # the live run's leases are untouched
 
 
-def test_a_delivery_takes_over_a_call_whose_worker_process_is_gone(make_user, lanes):
+def test_a_delivery_takes_over_a_call_whose_worker_process_is_gone(deliver, make_user, lanes):
     dead = os.fork()
     if dead == 0:
         os._exit(0)
     os.waitpid(dead, 0)  # a pid that no longer exists, on this node
     call = admitted(make_user(), state='running', attempts=1, worker=f'w@h pid {dead}',
                     heartbeat_at=timezone.now())
-    assert execution.run(call.pk, perform=lambda row: 'again', node='w@h') == 'again'
+    assert deliver(call.pk, perform=lambda row: 'again', node='w@h') == 'again'
     call.refresh_from_db()
     assert call.state == 'succeeded' and call.attempts == 2
 
 
-def test_a_cancel_while_it_runs_keeps_no_result_and_releases_the_leases_once_it_stopped(make_user, lanes, lines):
+def test_a_cancel_while_it_runs_keeps_no_result_and_releases_the_leases_once_it_stopped(
+        deliver, make_user, lanes, lines):
     call = admitted(make_user())
     seen = {}
 
@@ -223,7 +241,7 @@ def test_a_cancel_while_it_runs_keeps_no_result_and_releases_the_leases_once_it_
         assert lifecycle.cancel(HeavyCall.objects.get(pk=row.pk)) == 'running'
         seen['scores'] = scores(lanes, row)  # cancelled, still running: its leases are still held
         return {'late': True}
-    assert execution.run(call.pk, perform=perform, node='w@h') == {'late': True}
+    assert deliver(call.pk, perform=perform, node='w@h') == {'late': True}
     assert all(seen['scores'])
     call.refresh_from_db()
     assert call.state == 'cancelled' and lifecycle.result(call) is None
@@ -233,22 +251,30 @@ def test_a_cancel_while_it_runs_keeps_no_result_and_releases_the_leases_once_it_
 
 @pytest.mark.django_db(transaction=True)  # the heartbeat and the canceller are threads of their own
 def test_a_cancel_whose_revoke_never_reached_the_worker_stops_the_work_at_its_next_heartbeat(
-        make_user, lanes, lines, settings):
+        deliver, make_user, lanes, lines, settings):
     import threading
     import time
+
+    from django.db import connection
     settings.WORKERS_HEARTBEAT_SECONDS = 0.05
     call = admitted(make_user())
     progress = {'steps': 0}
 
+    def cancel(call_id):  # on a thread of its own, with its own database connection: closed after
+        try:
+            lifecycle.cancel(HeavyCall.objects.get(pk=call_id))
+        finally:
+            connection.close()
+
     def perform(row):
-        threading.Timer(0.1, lambda: lifecycle.cancel(HeavyCall.objects.get(pk=row.pk))).start()
+        threading.Timer(0.1, cancel, args=[row.pk]).start()
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:  # work that never looks at the row itself
             progress['steps'] += 1
             time.sleep(0.01)
         return {'ran': 'to the end'}
     started = time.monotonic()
-    assert execution.run(call.pk, perform=perform, node='w@h') is None
+    assert deliver(call.pk, perform=perform, node='w@h') is None
     assert time.monotonic() - started < 2  # stopped at a heartbeat, not after its 10 s
     call.refresh_from_db()
     assert call.state == 'cancelled' and call.heartbeat_at is None and lifecycle.result(call) is None
@@ -256,7 +282,7 @@ def test_a_cancel_whose_revoke_never_reached_the_worker_stops_the_work_at_its_ne
     assert lines.call_args.args[0]['state'] == 'cancelled'
 
 
-def test_a_call_whose_end_cant_be_recorded_stops_its_heartbeat(make_user, lanes, lines):
+def test_a_call_whose_end_cant_be_recorded_stops_its_heartbeat(deliver, make_user, lanes, lines):
     # The database refused the end (the task sends its message again): no heartbeat may go on beating the
     # row for a run that is over, or every later delivery waits for a live worker until max_hold_seconds.
     from django.db import OperationalError
@@ -270,7 +296,7 @@ def test_a_call_whose_end_cant_be_recorded_stops_its_heartbeat(make_user, lanes,
     with mock.patch.object(execution, 'start_heartbeat', spy), \
             mock.patch.object(lifecycle, 'succeed', side_effect=OperationalError('the connection is closed')):
         with pytest.raises(OperationalError):
-            execution.run(call.pk, perform=lambda row: {})
+            deliver(call.pk, perform=lambda row: {})
     assert heartbeats[0].finished.is_set()  # stopped: its loop returns at its next tick...
     wait_until(execution.BEATS.idle, timeout=2, interval=0.01, message='the heartbeat loop to return')
     assert HeavyCall.objects.get(pk=call.pk).state == 'running'  # for the delivery that takes it over
