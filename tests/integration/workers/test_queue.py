@@ -236,10 +236,12 @@ def test_with_a_lane_limit_of_two_no_more_than_two_calls_run_at_once(
     rows = [{'name': f'chest pain {i}', 'synonyms': [f'pain in the chest {j}' for j in range(20)]} for i in range(400)]
     ids = []
     # The node is stopped while the calls are sent, so they are all waiting when it takes them: a call
-    # that ran faster than the next one was sent would leave the lane's second slot unused.
+    # that ran faster than the next one was sent would leave the lane's second slot unused. Twenty, so the
+    # queue outlasts a second pool process that is slow to take its first call on a loaded machine (once
+    # in CI, ten calls all ran on the first process: peak 1).
     worker.kill(signal.SIGSTOP)
     try:
-        for _ in range(10):
+        for _ in range(20):
             body = {'q': 'chest pain radiating to the arm', 'rows': distinct(rows)}
             response = client.post('/concepts/$rerank/', body, HTTP_PREFER='respond-async', format='json')
             assert response.status_code == 202, response.content
