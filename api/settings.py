@@ -147,7 +147,6 @@ EARLY_ACCESS_GROUP = os.environ.get('EARLY_ACCESS_GROUP', 'early_access')
 PREVIEW_GROUP = os.environ.get('PREVIEW_GROUP', 'preview')
 
 
-
 def running_stack_redis_url(var_dir):
     """The Redis of the `make run` running on `var_dir` (its run.json, while its launcher lives), or ''.
 
