@@ -24,7 +24,11 @@ def missing_service(message):
     pytest.skip(message)
 
 
+USED_PREFIXES = []  # every key prefix this process handed out (key_prefix)
+
+
 def pytest_sessionfinish(session, exitstatus):
+    forget_used_prefixes()
     if REQUIRE_SERVICES and exitstatus == 0:
         reporter = session.config.pluginmanager.get_plugin('terminalreporter')
         if reporter is not None and reporter.stats.get('skipped'):
@@ -62,6 +66,7 @@ def key_prefix(settings):
     """A key prefix of this test's own, so tests never see each other's lanes, even on one real Redis."""
     prefix = f'hltest:{uuid.uuid4().hex[:12]}'
     settings.CAPACITY_KEY_PREFIX = prefix
+    USED_PREFIXES.append(prefix)
     return prefix
 
 
@@ -78,6 +83,23 @@ def redis_client(request, key_prefix):
     yield client
     delete_prefixed(client, key_prefix)
     client.close()
+
+
+def forget_used_prefixes():
+    """Delete, from the real Redis, the keys of every prefix this process used: a test deletes its own
+    keys as it ends, but the capacity counters are sent by the Redis thread a moment after the increment
+    (capacity.counters), sometimes after that deletion."""
+    import redis
+    if not USED_PREFIXES:
+        return
+    client = redis.Redis.from_url(REDIS_URL, socket_timeout=5, socket_connect_timeout=2)
+    try:
+        for prefix in USED_PREFIXES:
+            delete_prefixed(client, prefix)
+    except redis.RedisError:
+        pass  # no real Redis here: nothing was left in it
+    finally:
+        client.close()
 
 
 def delete_prefixed(client, prefix):
