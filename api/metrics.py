@@ -38,7 +38,7 @@ class HeavyLanesCollector:
         yield redis_up
         mode = gauge('mode', 'The capacity mode in force (1 for the current one).', ['mode'])
         for name in ('off', 'shadow', 'enforce'):
-            mode.add_metric([name], 1 if config['mode'] == name else 0)
+            mode.add_metric([name], 1 if config.mode == name else 0)
         yield mode
         yield from self.lanes(status, config)
         yield from self.queues(status.get('queues', {}))
@@ -53,11 +53,11 @@ class HeavyLanesCollector:
                 in_flight.add_metric([lane], status[lane]['in_flight'])
             for tier, entry in status['tiers'].items():
                 in_flight.add_metric([f'tier:{tier}'], entry['in_flight'])
-        for lane, value in (('api_heavy', config['api_heavy']['cluster']), ('es2_knn', config['es2_knn'])):
+        for lane, value in (('api_heavy', config.api_heavy.cluster), ('es2_knn', config.es2_knn)):
             limit.add_metric([lane, 'all'], value)
             limit.add_metric([lane, 'bulk'], bulk_limit(value, config))
         for tier in TIERS:
-            limit.add_metric([f'tier:{tier}', 'all'], config['tiers'][tier])
+            limit.add_metric([f'tier:{tier}', 'all'], config.tiers[tier])
         yield in_flight
         yield limit
 

@@ -213,7 +213,7 @@ class HeavyCallView(APIView):
         config = get_config()
         facts = RequestFacts.from_meta(request.META)
         preferences = prefer.parse(request.headers.get('Prefer'))
-        wait = preferences.seconds(config['wait']['default_seconds'], config['wait']['max_seconds'])
+        wait = preferences.seconds(config.wait.default_seconds, config.wait.max_seconds)
         heavy = submission.prepare(request.user, self.endpoint, body, semantic=semantic, reranker=reranker,
                                    idempotency_key=idempotency_key(request), waits=wait > 0, facts=facts)
         # Watched before it is published: its end's notice can't come before the watch (workers.notify).
@@ -342,7 +342,7 @@ class TaskView(APIView):
             wait = int(request.query_params.get('wait', 0))
         except ValueError:
             raise errors.exceptions.ValidationError({'wait': ['Must be a whole number of seconds.']}) from None
-        wait = max(0, min(wait, get_config()['wait']['max_seconds'], MAX_POLL_SECONDS))
+        wait = max(0, min(wait, get_config().wait.max_seconds, MAX_POLL_SECONDS))
         if wait and not call.finished:
             with submission.waiting_slot(request.user, wait, RequestFacts.from_meta(request.META)) as allowed:
                 if allowed:  # else this host's waiting slots are taken: answer now, the client polls

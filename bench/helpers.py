@@ -68,15 +68,15 @@ def lane_limit(key, tag, config, user_tier):
     """
     lane, _, part = key[len(tag):].partition(':')
     if lane == 'api_heavy':
-        return config['api_heavy']['cluster']
+        return config.api_heavy.cluster
     if lane == 'api_heavy_task':
-        return config['api_heavy']['per_task']
+        return config.api_heavy.per_task
     if lane == 'es2_knn':
-        return config['es2_knn']
+        return config.es2_knn
     if lane == 'tier':
-        return config['tiers'][part]
+        return config.tiers[part]
     if lane == 'user':
-        return config['per_user'][user_tier.get(part, 'preview')]
+        return config.per_user[user_tier.get(part, 'preview')]
     return None
 
 

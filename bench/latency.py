@@ -299,7 +299,7 @@ def part_generic(stack, args):
     ok = sum(1 for item in results if item['ok'])
     return {
         'users': args.generic_users, 'batches_each': args.batches, 'rows': args.rows,
-        'mode': get_config()['mode'], 'batches': len(results), 'answered_with_every_row': ok,
+        'mode': get_config().mode, 'batches': len(results), 'answered_with_every_row': ok,
         'lost': expected - ok, 'failures': [item for item in results if not item['ok']][:5],
         'answers': records, 'wall_seconds': round(wall, 2),
         'batch_seconds': {'p50': round(pct([r['seconds'] for r in results], 0.5) or 0, 2),

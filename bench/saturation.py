@@ -202,7 +202,7 @@ def main():
         def limit_of(key):
             return lane_limit(key, tag, config, user_tier)
 
-        clients = args.clients_factor * config['api_heavy']['cluster']
+        clients = args.clients_factor * config.api_heavy.cluster
         # Warm every pool process (each loads the indexes once) before the clock starts.
         warm = [threading.Thread(target=client_loop, args=(i, stack, tokens[i % 4]['token'], time.monotonic() + 3,
                                                            0.5, [], threading.Lock())) for i in range(4)]
@@ -215,7 +215,7 @@ def main():
 
         ledger, lock = [], threading.Lock()
         known = [tag + lane for lane in ('api_heavy', 'es2_knn', f'api_heavy_task:{settings.CAPACITY_TASK_ID}')]
-        known += [f'{tag}tier:{tier}' for tier in config['tiers']] + [f'{tag}user:{pk}' for pk in user_tier]
+        known += [f'{tag}tier:{tier}' for tier in config.tiers.names()] + [f'{tag}user:{pk}' for pk in user_tier]
         sampler = Sampler(stack, limit_of, known)
         sampler.start()
         started = time.monotonic()

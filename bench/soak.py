@@ -176,7 +176,7 @@ def run(args, broker, broker_url):
 
         own_sessions_named()
         cfg = get_config()
-        assert cfg['mode'] == 'enforce' and cfg['lease_seconds'] == LEASE_SECONDS, cfg
+        assert cfg.mode == 'enforce' and cfg.lease_seconds == LEASE_SECONDS, cfg
         tokens = stack.tokens()['tokens']
         user_tier = {str(get_user_model().objects.get(username=row['username']).pk): row['tier'] for row in tokens}
         tag = '{' + settings.CAPACITY_KEY_PREFIX + '}:'
@@ -198,7 +198,7 @@ def run(args, broker, broker_url):
 
         known = [tag + lane for lane in ('api_heavy', 'es2_knn')]
         known += [f'{tag}api_heavy_task:api-{letter}' for letter in 'ab']
-        known += [f'{tag}tier:{tier}' for tier in cfg['tiers']] + [f'{tag}user:{pk}' for pk in user_tier]
+        known += [f'{tag}tier:{tier}' for tier in cfg.tiers.names()] + [f'{tag}user:{pk}' for pk in user_tier]
         sampler = Sampler(stack.redis_url, tag, limit_of, known, hung)
         reports = {}
         threads = [threading.Thread(target=lambda g=g, i=i: reports.update({i: g.run()}), name=f'soak-load-{i}')

@@ -1,7 +1,8 @@
 """The capacity config: one JSON document checked against DEFAULTS, stored as versions, cached per process.
 
-`validate`, `merge`, `diff` and `resolve` are pure. `get_current()` reads the version in force from the
-database; `get_config()` is the request path's read: cached for CAPACITY_CONFIG_CACHE_SECONDS, bounded by
+`validate`, `merge`, `diff` and `resolve` are pure and work on the JSON form. `get_current()` reads the
+version in force from the database; `get_config()` is the request path's read. Both give the typed, frozen
+view of it (capacity.defaults.Config: `config.api_heavy.cluster`; an unknown name raises): cached for CAPACITY_CONFIG_CACHE_SECONDS, bounded by
 CAPACITY_CONFIG_READ_TIMEOUT_MS on PostgreSQL, and it never raises. A config it can't read never refuses
 a call: it falls back to the last known config (or the defaults) with `enforce` turned into `shadow`.
 `save_config()` is the one way to change the config; each change is a new CapacityConfig row and one
@@ -11,6 +12,7 @@ Errors: an invalid config raises django.core.exceptions.ValidationError whose `m
 problem found.
 """
 import copy
+import dataclasses
 import logging
 import threading
 import time
@@ -21,9 +23,9 @@ from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 
 from capacity.constants import (
-    ADVISORY_LOCK_ID, CHOICES, CONFIG_LOG_EVENT, DEFAULTS, ENFORCE, MAX_NUMBER, MODES, SHADOW, SOURCE_API,
-    WAIT_CAP_SECONDS,
+    ADVISORY_LOCK_ID, CHOICES, CONFIG_LOG_EVENT, ENFORCE, MAX_NUMBER, MODES, SHADOW, SOURCE_API, WAIT_CAP_SECONDS,
 )
+from capacity.defaults import DEFAULTS, Config
 from capacity.logs import emit
 from capacity.models import CapacityConfig
 from common.process import PerProcess
@@ -128,15 +130,15 @@ def time_limits(config):
     (at least 3 x `renew_seconds`), so they are still held when the hard limit strikes: a call is never
     counted out while it still runs.
     """
-    soft = config['max_hold_seconds']
-    return TimeLimits(soft=soft, hard=soft + config['renew_seconds'])
+    soft = config.max_hold_seconds
+    return TimeLimits(soft=soft, hard=soft + config.renew_seconds)
 
 
 def broker_problems(config, visibility_timeout):
     """Why `config` can't run on a broker whose unacknowledged messages come back after
     `visibility_timeout` s (CELERY_VISIBILITY_TIMEOUT): a message may stay unacknowledged for its queue
     deadline plus the hard time limit, and one that came back sooner would run the call twice."""
-    longest = config['queue']['deadline_seconds'] + time_limits(config).hard
+    longest = config.queue.deadline_seconds + time_limits(config).hard
     if longest < visibility_timeout:
         return []
     return [f'"queue.deadline_seconds" + "max_hold_seconds" + "renew_seconds" ({longest} s) must stay '
@@ -207,7 +209,7 @@ def resolve(stored):
 def get_current():
     """`(latest CapacityConfig row or None, the config in force)`, read from the database, not the cache."""
     row = CapacityConfig.get_latest()
-    return row, resolve(row.config if row else None)
+    return row, Config.from_json(resolve(row.config if row else None))
 
 
 def read_current():
@@ -240,7 +242,7 @@ _cache_lock = PerProcess(threading.Lock)
 def get_config():
     """The config in force, cached per process for CAPACITY_CONFIG_CACHE_SECONDS. Never raises.
 
-    The returned dict is shared by every caller until the cache expires: read it, don't change it.
+    The same frozen Config is shared by every caller until the cache expires.
     """
     global _cache
     started = time.monotonic()
@@ -256,9 +258,10 @@ def get_config():
         except Exception as ex:  # noqa: BLE001 - the one place a config read fails open
             logger.warning('Capacity config could not be read (%s: %s); using the last known config',
                            type(ex).__name__, ex)
-            config = copy.deepcopy(config) if config is not None else get_defaults()
-            if config['mode'] == ENFORCE:
-                config['mode'] = SHADOW  # never refuse a call on a config we couldn't confirm
+            config = config if config is not None else Config.from_json(get_defaults())
+            if config.mode == ENFORCE:
+                # Never refuse a call on a config we couldn't confirm.
+                config = dataclasses.replace(config, mode=SHADOW)
         # The fallback is cached too, so a database outage costs one read per process per interval.
         _cache = (config, started + settings.CAPACITY_CONFIG_CACHE_SECONDS)
         return config
@@ -273,7 +276,7 @@ def clear_cache():
 def save_config(changes, user=None, source=SOURCE_API, note='', replace=False):
     """Merge `changes` into the config in force (or into the defaults with `replace`) and save a version.
 
-    Returns `(row, config, changed)`, where `changed` is `{dotted.path: [old, new]}`. When nothing
+    Returns `(row, config, changed)`, `config` the Config now in force, where `changed` is `{dotted.path: [old, new]}`. When nothing
     changes, no row is added, nothing is logged, and `row` is the latest row (or None). Raises
     ValidationError when the result is invalid; unknown keys in `changes` are rejected, not dropped.
     """
@@ -283,15 +286,16 @@ def save_config(changes, user=None, source=SOURCE_API, note='', replace=False):
             with connection.cursor() as cursor:
                 cursor.execute('SELECT pg_advisory_xact_lock(%s)', [ADVISORY_LOCK_ID])
         latest, previous = get_current()
+        previous = previous.to_json()
         config = validate(merge(get_defaults() if replace else previous, changes))
-        problems = broker_problems(config, settings.CELERY_VISIBILITY_TIMEOUT)
+        problems = broker_problems(Config.from_json(config), settings.CELERY_VISIBILITY_TIMEOUT)
         if problems:
             # Checked on a change only: a stored config stays in force in a process whose own setting
             # differs (resolve() reads no settings but the mode).
             raise ValidationError(problems)
         changed = diff(previous, config)
         if not changed:
-            return latest, previous, {}
+            return latest, Config.from_json(previous), {}
         row = CapacityConfig.objects.create(
             config=config, previous_config=previous, created_by=user, source=source, note=note or '')
     clear_cache()
@@ -307,7 +311,7 @@ def save_config(changes, user=None, source=SOURCE_API, note='', replace=False):
         })
     except Exception as ex:  # noqa: BLE001 - the change is saved; its log line is not worth failing it
         logger.warning('Capacity config version %s was saved, but its log line failed: %s', row.id, ex)
-    return row, config, changed
+    return row, Config.from_json(config), changed
 
 
 def version_data(row):

@@ -64,42 +64,6 @@ HEADERS = (HEADER_DECISION, HEADER_LIMIT, HEADER_IN_FLIGHT, HEADER_TIER, HEADER_
 INTERACTIVE_QUEUE, ES2_KNN_QUEUE, API_HEAVY_QUEUE = 'interactive', 'es2_knn', 'api_heavy'
 QUEUES = (INTERACTIVE_QUEUE, ES2_KNN_QUEUE, API_HEAVY_QUEUE)
 
-# All counts are heavy calls in flight at once; all times are whole seconds.
-DEFAULTS = {
-    'mode': SHADOW,
-    'enforce_for': AWARE,
-    'api_heavy': {
-        'cluster': 4,   # across all API hosts
-        'per_task': 64,  # requests waiting for a result on each API host (2 API processes of 64 threads)
-    },
-    'es2_knn': 3,             # semantic $match calls
-    'reserve_single_row': 1,  # slots only single-row $match calls may use, in every lane they take
-    'tiers': {STAFF: 4, CORE: 4, EARLY_ACCESS: 3, PREVIEW: 2},     # ceilings, not reservations
-    'per_user': {STAFF: 4, CORE: 3, EARLY_ACCESS: 2, PREVIEW: 1},  # keyed by the user's tier
-    'lease_seconds': 60,      # a running call's lease expires this long after its last renewal
-    'renew_seconds': 20,
-    # The longest a call runs: its soft time limit (renewal stops then too); the hard limit, which kills its
-    # process, is renew_seconds later (capacity.config.time_limits).
-    'max_hold_seconds': 900,
-    'retry_after': {
-        'base': 5,     # seconds per call ahead in the fullest lane, while its hold time isn't measured yet
-        'min': 1,      # the shortest a measured Retry-After is
-        'max': 30,
-        'paused': 120,  # when a lane's limit is 0
-        'measured': 1,  # 1: from the lanes' measured hold times (decisions.retry_after); 0: base only
-    },
-    'queue': {
-        'deadline_seconds': 600,  # a queued call expires (with its leases) if no worker starts it by then
-        'max_waiting': {INTERACTIVE_QUEUE: 0, ES2_KNN_QUEUE: 0, API_HEAVY_QUEUE: 0},  # enforce: room to wait
-    },
-    'cache': {
-        'ttl_seconds': 300,  # a succeeded call's result answers identical calls this long (0: off)
-    },
-    'wait': {
-        'default_seconds': 600,  # how long a request without Prefer: respond-async waits for its result
-        'max_seconds': 900,      # cap on Prefer: wait=N
-    },
-}
 CHOICES = {'mode': MODES, 'enforce_for': ENFORCE_FOR}
 MAX_NUMBER = 100000
 WAIT_CAP_SECONDS = 3600  # wait.max_seconds can't go above this (a proxy's read timeout must exceed it)

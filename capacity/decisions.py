@@ -51,17 +51,17 @@ def is_single_row(endpoint, rows):
 def lane_limit(config, lane):
     """A shared lane's configured limit (before the single-row reserve)."""
     if lane == Lane.API_HEAVY:
-        return config['api_heavy']['cluster']
+        return config.api_heavy.cluster
     if lane == Lane.API_HEAVY_TASK:
-        return config['api_heavy']['per_task']
+        return config.api_heavy.per_task
     if lane == Lane.ES2_KNN:
-        return config['es2_knn']
+        return config.es2_knn
     raise ValueError(f'{lane} has no single configured limit')
 
 
 def bulk_limit(limit, config):
     """What bulk calls may fill of a lane that keeps `reserve_single_row` slots for single-row calls."""
-    return max(limit - config['reserve_single_row'], 0)
+    return max(limit - config.reserve_single_row, 0)
 
 
 def call_limit(config, lane, call):
@@ -77,8 +77,8 @@ def lanes_for(config, call, enforced=False):
     lanes = [LaneLimit(Lane.API_HEAVY, (), call_limit(config, Lane.API_HEAVY, call))]
     if call.semantic:
         lanes.append(LaneLimit(Lane.ES2_KNN, (), call_limit(config, Lane.ES2_KNN, call)))
-    lanes.append(LaneLimit(Lane.TIER, (call.tier,), config['tiers'][call.tier]))
-    lanes.append(LaneLimit(Lane.USER, (call.user_id,), config['per_user'][call.tier]))
+    lanes.append(LaneLimit(Lane.TIER, (call.tier,), config.tiers[call.tier]))
+    lanes.append(LaneLimit(Lane.USER, (call.user_id,), config.per_user[call.tier]))
     if enforced:
         lanes = with_waiting_room(config, call, lanes)
     return lanes
@@ -86,7 +86,7 @@ def lanes_for(config, call, enforced=False):
 
 def with_waiting_room(config, call, lanes):
     """Let up to queue.max_waiting[queue] calls beyond the limit wait in the queue (never a paused lane)."""
-    room = config['queue']['max_waiting'].get(call.queue, 0)
+    room = config.queue.max_waiting.get(call.queue, 0)
     if not room or call.draws_on is None:
         return lanes
     return [LaneLimit(item.lane, item.parts, item.limit + room)
@@ -120,11 +120,11 @@ def retry_after(config, lanes, before, full, holds=()):
     `base` seconds per call ahead; so does every lane when `measured` is 0. The wait is the longest over the
     full lanes (all must free up), rounded up to whole seconds and kept between `min` and `max`.
     """
-    settings = config['retry_after']
+    bounds = config.retry_after
     limits = limits_of(lanes)
     if any(limits[lane] == 0 for lane in full):
-        return settings['paused']
-    holds = tuple(holds) if settings['measured'] else ()
+        return bounds.paused
+    holds = tuple(holds) if bounds.measured else ()
     holds += (None,) * (len(lanes) - len(holds))
     waits = []
     for item, count, hold in zip(lanes, before, holds):
@@ -132,11 +132,11 @@ def retry_after(config, lanes, before, full, holds=()):
             continue
         ahead = count - item.limit + 1
         if hold is None:
-            waits.append(settings['base'] * ahead)
+            waits.append(bounds.base * ahead)
         else:
             waits.append(ahead * hold / max(count, 1) / 1000)
     seconds = math.ceil(max(waits) - 1e-9)  # 2.0000000001 s of float noise is still 2 s
-    return max(settings['min'], min(settings['max'], seconds))
+    return max(bounds.min, min(bounds.max, seconds))
 
 
 
@@ -179,6 +179,6 @@ def refusal_body(retry_seconds, scope_lane, paused):
 
 def is_enforced(config, aware):
     """Enforce mode refuses every client with enforce_for=all, else only those that say they handle it."""
-    if config['mode'] != ENFORCE:
+    if config.mode != ENFORCE:
         return False
-    return config['enforce_for'] == 'all' or bool(aware)
+    return config.enforce_for == 'all' or bool(aware)

@@ -37,7 +37,7 @@ def admit(user, endpoint='', rows=0, semantic=False, reranker=False, waits=False
     """Admit one call (see the module docstring). Never raises."""
     config = config or get_config()
     token = token or uuid.uuid4().hex
-    if config['mode'] == OFF:
+    if config.mode == OFF:
         return Admission(decision=None, token=token, mode=OFF, facts=facts)
     store = store or get_store()
     # This runs on every heavy call's way (bench/admission.py): each object is built once on the admitted
@@ -53,7 +53,7 @@ def admit(user, endpoint='', rows=0, semantic=False, reranker=False, waits=False
         lanes = decisions.lanes_for(config, call, enforced=enforced)
         keys = [lane_key(item.lane, *item.parts) for item in lanes]
         if lease_ms is None:
-            lease_ms = (config['queue']['deadline_seconds'] if queue else config['lease_seconds']) * 1000
+            lease_ms = (config.queue.deadline_seconds if queue else config.lease_seconds) * 1000
         if not store.is_available():
             return with_suggested(_uncounted(token, call, config, enforced, lanes, keys, lease_ms, facts,
                                              failopen.SKIPPED))
@@ -77,7 +77,7 @@ def admit(user, endpoint='', rows=0, semantic=False, reranker=False, waits=False
         except Exception as ex:  # noqa: BLE001 - a header must never fail the call
             error = failopen.record(None, ex, 'suggested concurrency')
         return Admission(
-            decision=decision, token=token, call=call, mode=config['mode'], enforced=enforced, lanes=counted,
+            decision=decision, token=token, call=call, mode=config.mode, enforced=enforced, lanes=counted,
             full=full, holding=acquired.taken, lease_ms=lease_ms,
             acquired_ms=acquired.acquired_ms if acquired.taken else 0, facts=facts, retry_after=retry,
             suggested=suggested, error=error)
@@ -99,7 +99,7 @@ def _uncounted(token, call, config, enforced, lanes, keys, lease_ms, facts, erro
     that did answer took (a failure after it)."""
     holding = bool(acquired is not None and acquired.taken)
     return Admission(
-        decision=Decision.UNAVAILABLE, token=token, call=call, mode=config['mode'], enforced=enforced,
+        decision=Decision.UNAVAILABLE, token=token, call=call, mode=config.mode, enforced=enforced,
         lanes=tuple(LaneState(item.lane, key, item.limit) for item, key in zip(lanes or (), keys or ())),
         holding=holding, lease_ms=lease_ms or 0, acquired_ms=acquired.acquired_ms if holding else 0,
         facts=facts, error=error)
@@ -112,13 +112,13 @@ def unadmitted(user, decision, endpoint='', rows=0, semantic=False, reranker=Fal
     for every call then (no headers, no log line)."""
     config = config or get_config()
     token = token or uuid.uuid4().hex
-    if config['mode'] == OFF:
+    if config.mode == OFF:
         return Admission(decision=None, token=token, mode=OFF, facts=facts)
     call = decisions.Call(
         endpoint=endpoint, rows=rows, tier=get_tier(user), user_id=getattr(user, 'pk', None),
         semantic=bool(semantic), reranker=bool(reranker), waits=bool(waits), host=settings.CAPACITY_TASK_ID,
         queue=queue, draws_on=draws_on)
-    return Admission(decision=decision, token=token, call=call, mode=config['mode'],
+    return Admission(decision=decision, token=token, call=call, mode=config.mode,
                      enforced=decisions.is_enforced(config, facts.aware), facts=facts)
 
 

@@ -20,7 +20,7 @@ def add_section(name, read):
 
 
 def get_status(config):
-    status = {'mode': config['mode'], 'enforce_for': config['enforce_for']}
+    status = {'mode': config.mode, 'enforce_for': config.enforce_for}
     status.update(get_lanes(config))
     for name, read in _sections.items():
         status[name] = read(config)
@@ -40,13 +40,13 @@ def get_lanes(config):
         return {'redis': describe(ex)}
     return {
         'redis': 'ok',
-        'api_heavy': {'in_flight': counts[keys[0]], 'limit': config['api_heavy']['cluster'],
-                      'bulk_limit': bulk_limit(config['api_heavy']['cluster'], config)},
-        'es2_knn': {'in_flight': counts[keys[1]], 'limit': config['es2_knn'],
-                    'bulk_limit': bulk_limit(config['es2_knn'], config)},
-        'tasks': {lane_id(key): {'in_flight': counts[key], 'limit': config['api_heavy']['per_task']}
+        'api_heavy': {'in_flight': counts[keys[0]], 'limit': config.api_heavy.cluster,
+                      'bulk_limit': bulk_limit(config.api_heavy.cluster, config)},
+        'es2_knn': {'in_flight': counts[keys[1]], 'limit': config.es2_knn,
+                    'bulk_limit': bulk_limit(config.es2_knn, config)},
+        'tasks': {lane_id(key): {'in_flight': counts[key], 'limit': config.api_heavy.per_task}
                   for key in task_keys if counts[key]},
-        'tiers': {tier: {'in_flight': counts[key], 'limit': config['tiers'][tier]}
+        'tiers': {tier: {'in_flight': counts[key], 'limit': config.tiers[tier]}
                   for tier, key in zip(TIERS, tier_keys)},
         'users': {lane_id(key): {'in_flight': counts[key]} for key in user_keys if counts[key]},
         'leases_expired_total': expired,

@@ -30,7 +30,7 @@ class CapacityConfigView(APIView):
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def get(self, request):
         latest, config = get_current()
-        return Response({**version_data(latest), 'config': config, 'defaults': get_defaults()})
+        return Response({**version_data(latest), 'config': config.to_json(), 'defaults': get_defaults()})
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses={200: OpenApiTypes.OBJECT, 400: OpenApiTypes.OBJECT})
     def patch(self, request):
@@ -53,7 +53,7 @@ class CapacityConfigView(APIView):
                 changes, user=request.user, source=SOURCE_API, note=note, replace=replace)
         except ValidationError as ex:
             return Response({'detail': ex.messages}, status=400)
-        return Response({**version_data(row), 'config': config, 'changes': changed})
+        return Response({**version_data(row), 'config': config.to_json(), 'changes': changed})
 
 
 class CapacityConfigHistoryView(APIView):

@@ -103,7 +103,7 @@ def run(call_id, perform=None, node='', soft_limit=None, leases=None):
     `leases`, the worker leases its message carries (Admission.worker_lease_message), if it does."""
     perform = perform or work.perform
     config = get_config()
-    early = lease_from_message(leases, config['lease_seconds'] * 1000) if leases is not None else None
+    early = lease_from_message(leases, config.lease_seconds * 1000) if leases is not None else None
     if early is not None and lifecycle.claim_first_available():
         # The row is read with the claim, in one statement; the leases are renewed before, as below.
         renewed = early.renew()
@@ -129,7 +129,7 @@ def run_loaded(call, perform, node, soft_limit, claimed=None):
         (lease, renewed), early = claimed, claimed[0].holding
         start = lifecycle.Start(lifecycle.RUN)
     else:
-        lease = admission.worker_lease(config['lease_seconds'] * 1000)
+        lease = admission.worker_lease(config.lease_seconds * 1000)
         # A queued call's leases last until its queue deadline. Shorten them to the worker's before the row
         # says running: a node lost between the two then leaves them for lease_seconds, not for the
         # deadline. (Should the call not start here after all, its leases are released or renewed where it
@@ -164,7 +164,7 @@ def run_loaded(call, perform, node, soft_limit, claimed=None):
     except Exception as ex:
         with terminate_deferred() as ending:
             ran = ran_for(call, began)
-            error = describe(ex, soft_limit or config['max_hold_seconds'])
+            error = describe(ex, soft_limit or config.max_hold_seconds)
             recorded = record(heartbeat, lifecycle.fail, call, error, worker=worker)
             ending.cancelled = not recorded
             end(call, worker, lease, heartbeat, recorded=recorded, ran=ran)
@@ -260,8 +260,8 @@ def start_heartbeat(call, worker, lease, config, running):
         if not lifecycle.beat(call, worker) and running.stop():
             logger.warning('Heavy call %s is no longer this worker\'s (cancelled?): its work is stopped', call.pk)
 
-    heartbeat = LeaseRenewer(lease, config['renew_seconds'], config['max_hold_seconds'],
-                             tick=min(settings.WORKERS_HEARTBEAT_SECONDS, config['renew_seconds']),
+    heartbeat = LeaseRenewer(lease, config.renew_seconds, config.max_hold_seconds,
+                             tick=min(settings.WORKERS_HEARTBEAT_SECONDS, config.renew_seconds),
                              on_tick=beat, on_exit=close_connection)
     try:
         BEATS.start(heartbeat)

@@ -73,7 +73,7 @@ def find(key, config=None):
     if not key or not store.is_available():
         return None
     config = config or get_config()
-    ttl = config['cache']['ttl_seconds']
+    ttl = config.cache.ttl_seconds
     claim = work_claim_key(key)
     deadline = time.monotonic() + LEADER_ROW_WAIT_SECONDS
     for _ in range(3):

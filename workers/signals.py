@@ -114,7 +114,7 @@ def release_when_gone(call_id, seconds=None):
     node, _, pid = call.worker.rpartition(' pid ')
     if node != (_node[0] if _node else '') or not pid.isdigit():
         return None  # it runs on another node, which ends it
-    seconds = seconds if seconds is not None else get_config()['lease_seconds']
+    seconds = seconds if seconds is not None else get_config().lease_seconds
     thread = threading.Thread(target=_stopped_once_gone, args=(call_id, int(pid), seconds),
                               name=f'heavy-lanes-stop-{call_id[:8]}', daemon=True)
     thread.start()

@@ -333,7 +333,7 @@ def new_row(heavy, admission, config=None):
         priority=TIER_PRIORITY[admission.tier or get_tier(heavy.user)], payload=heavy.body,
         fingerprint=heavy.digest, work_key=heavy.work_key, idempotency_key=heavy.idempotency_key,
         admission=admission.to_json(), request_id=heavy.facts.cid or '',
-        created_at=now, expires_at=now + timedelta(seconds=config['queue']['deadline_seconds']))
+        created_at=now, expires_at=now + timedelta(seconds=config.queue.deadline_seconds))
 
 
 def end_in_api(admission, heavy, state, error=None):

@@ -92,7 +92,7 @@ def run_steps(report, grace_seconds, broker):
     for call in lifecycle.overdue():
         if lifecycle.end_unstarted(call.pk, State.EXPIRED, purge=True):
             report.expired.append(call.pk)
-    stale_seconds = get_config()['lease_seconds']
+    stale_seconds = get_config().lease_seconds
     candidates = lifecycle.maybe_lost(grace_seconds, stale_seconds)
     found = messages.snapshot(lanes.QUEUE_NAMES, broker)
     held = {}

@@ -40,7 +40,7 @@ class WorkQueue:
     def pool_size(self, config):
         """Pool processes this queue may run at once: the single-row reserve, or its lane's bulk share."""
         if self.single_row:
-            return config['reserve_single_row']
+            return config.reserve_single_row
         return bulk_limit(lane_limit(config, self.draws_on), config)
 
     def sized_to(self, pool_size, config):
@@ -51,7 +51,7 @@ class WorkQueue:
         if self.single_row:
             return {'reserve_single_row': pool_size}
         path = LANE_CONFIG_PATHS[self.draws_on].split('.')
-        change = pool_size + config['reserve_single_row']
+        change = pool_size + config.reserve_single_row
         for key in reversed(path):
             change = {key: change}
         return change

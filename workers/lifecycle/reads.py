@@ -144,8 +144,8 @@ def progress(call):
     now = timezone.now()
     config = get_config()
     expected = estimate(call, position=place, now=now, config=config)
-    bounds = config['retry_after']
-    hint = estimates.poll_after(expected, bounds['min'], bounds['max'])
+    bounds = config.retry_after
+    hint = estimates.poll_after(expected, bounds.min, bounds.max)
     if hint is None:
         hint = 1 if call.state == State.RUNNING else max(1, min(place or 1, 10))
 

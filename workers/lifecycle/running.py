@@ -81,7 +81,7 @@ def start(call, worker):
     claim = HeavyCall.objects.filter(pk=call.pk)
     if call.state == State.QUEUED:
         claim = claim.filter(state=State.QUEUED)
-    elif holder_gone(call, worker, now, stale_seconds := get_config()['lease_seconds']):
+    elif holder_gone(call, worker, now, stale_seconds := get_config().lease_seconds):
         # Compare and set: of two deliveries taking over at once, one wins.
         claim = claim.filter(state=State.RUNNING, worker=call.worker, heartbeat_at=call.heartbeat_at)
     else:
@@ -96,7 +96,7 @@ def start(call, worker):
     if not claimed:
         fresh = HeavyCall.objects.filter(pk=call.pk).values_list('state', flat=True).first()
         if fresh == State.RUNNING:
-            return Start(BUSY, redelivered, retry_in=get_config()['lease_seconds'])
+            return Start(BUSY, redelivered, retry_in=get_config().lease_seconds)
         return Start(ENDED, redelivered)
     call.state, call.started_at, call.attempts = State.RUNNING, now, call.attempts + 1
     call.worker, call.heartbeat_at = worker, now

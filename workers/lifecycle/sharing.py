@@ -32,7 +32,7 @@ CLAIM_SLACK_SECONDS = 30  # a work's claim outlives the longest its leader can s
 def claim_ms(config):
     """How long a work's claim (and its leader's joined mark) lives: past the longest its leader can stay
     open, queued then running."""
-    return int((config['queue']['deadline_seconds'] + time_limits(config).hard + CLAIM_SLACK_SECONDS) * 1000)
+    return int((config.queue.deadline_seconds + time_limits(config).hard + CLAIM_SLACK_SECONDS) * 1000)
 
 
 def join(call, leader):
@@ -136,7 +136,7 @@ def release_work(leader):
 
 def work_release(leader):
     """The arguments of the leader's work release (capacity.store.LaneStore.end_work)."""
-    ttl = get_config()['cache']['ttl_seconds'] if leader.state == State.SUCCEEDED else 0
+    ttl = get_config().cache.ttl_seconds if leader.state == State.SUCCEEDED else 0
     return (work_claim_key(leader.work_key), leader.pk, warm_key(leader.work_key), int(ttl * 1000),
             joined_key(leader.pk))
 

@@ -46,7 +46,7 @@ class Command(BaseCommand):
 
     def do_show(self, assignments, **options):
         row, config = get_current()
-        return {'version': row.id if row else None, 'config': config}
+        return {'version': row.id if row else None, 'config': config.to_json()}
 
     def do_status(self, assignments, **options):
         from capacity.status import get_status  # reads Redis; only this action needs it

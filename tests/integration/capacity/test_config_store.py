@@ -14,14 +14,14 @@ pytestmark = pytest.mark.django_db
 
 def test_save_config_adds_a_version_with_its_history(make_user, config_lines):
     staff = make_user(username='ada', is_staff=True)
-    assert get_config()['mode'] == 'shadow'  # cached before the change
+    assert get_config().mode == 'shadow'  # cached before the change
 
     row, config, changed = save_config({'mode': 'off', 'tiers': {'preview': 1}}, user=staff, note='quiet night')
 
     assert changed == {'mode': ['shadow', 'off'], 'tiers.preview': [2, 1]}
-    assert config == merge(get_defaults(), {'mode': 'off', 'tiers': {'preview': 1}})
+    assert config.to_json() == merge(get_defaults(), {'mode': 'off', 'tiers': {'preview': 1}})
     row.refresh_from_db()
-    assert row.config == config
+    assert row.config == config.to_json()
     assert row.previous_config == get_defaults()
     assert (row.created_by, row.source, row.note) == (staff, 'api', 'quiet night')
     assert CapacityConfig.get_latest() == row
@@ -34,8 +34,8 @@ def test_save_config_adds_a_version_with_its_history(make_user, config_lines):
 
     second, config2, changed2 = save_config({'es2_knn': 2}, source='command')
     assert changed2 == {'es2_knn': [3, 2]}
-    assert config2['tiers']['preview'] == 1 and config2['mode'] == 'off'  # the earlier change stays
-    assert second.previous_config == config
+    assert config2.tiers.preview == 1 and config2.mode == 'off'  # the earlier change stays
+    assert second.previous_config == config.to_json()
     assert (second.created_by, second.source, second.note) == (None, 'command', '')
     assert config_lines[-1]['changed_by'] is None and config_lines[-1]['note'] is None
 
@@ -50,7 +50,7 @@ def test_save_config_replace_starts_from_the_defaults():
 
     row, config, changed = save_config({'es2_knn': 2}, replace=True)
 
-    assert config == merge(get_defaults(), {'es2_knn': 2})
+    assert config.to_json() == merge(get_defaults(), {'es2_knn': 2})
     assert changed == {'es2_knn': [1, 2], 'mode': ['off', 'shadow'], 'tiers.preview': [1, 2]}
 
 
@@ -83,24 +83,24 @@ def test_save_config_rejects_an_invalid_change(config_lines, changes, message):
 def test_a_stored_version_with_retired_settings_still_applies_its_known_ones():
     CapacityConfig.objects.create(
         config={**get_defaults(), 'es2_knn': 1, 'retired_setting': 5}, source='api')
-    assert get_current()[1] == merge(get_defaults(), {'es2_knn': 1})
+    assert get_current()[1].to_json() == merge(get_defaults(), {'es2_knn': 1})
 
 
 def test_get_config_is_cached(settings):
     settings.CAPACITY_CONFIG_CACHE_SECONDS = 60
-    assert get_config()['mode'] == 'shadow'
+    assert get_config().mode == 'shadow'
     CapacityConfig.objects.create(config=merge(get_defaults(), {'mode': 'off'}), source='command')
 
-    assert get_config()['mode'] == 'shadow'
+    assert get_config().mode == 'shadow'
     clear_cache()
-    assert get_config()['mode'] == 'off'
+    assert get_config().mode == 'off'
 
 
 def test_an_expired_cache_reads_the_database_again(settings):
     settings.CAPACITY_CONFIG_CACHE_SECONDS = 0
-    assert get_config()['mode'] == 'shadow'
+    assert get_config().mode == 'shadow'
     CapacityConfig.objects.create(config=merge(get_defaults(), {'mode': 'off'}), source='command')
-    assert get_config()['mode'] == 'off'
+    assert get_config().mode == 'off'
 
 
 def failing_reads(monkeypatch):
@@ -118,30 +118,30 @@ def test_get_config_keeps_the_last_known_config_when_the_database_fails(settings
     settings.CAPACITY_CONFIG_CACHE_SECONDS = 0
     with monkeypatch.context() as broken, caplog.at_level(logging.WARNING, logger='heavy_lanes'):
         failing_reads(broken)
-        assert get_config() == get_defaults()
+        assert get_config().to_json() == get_defaults()
     assert [r.getMessage() for r in caplog.records] == [
         'Capacity config could not be read (OperationalError: server closed the connection unexpectedly); '
         'using the last known config']
 
     save_config({'mode': 'enforce', 'enforce_for': 'all', 'tiers': {'preview': 1}})
     enforced = get_config()
-    assert enforced['mode'] == 'enforce'
+    assert enforced.mode == 'enforce'
 
     with monkeypatch.context() as broken:
         failing_reads(broken)
         fallback = get_config()
     # The numbers stay, but a config nobody could confirm never refuses a call.
-    assert fallback == {**enforced, 'mode': 'shadow'}
-    assert enforced['mode'] == 'enforce'  # the fallback is a copy; callers holding the old one are unaffected
+    assert fallback.to_json() == {**enforced.to_json(), 'mode': 'shadow'}
+    assert enforced.mode == 'enforce'  # the fallback is a copy; callers holding the old one are unaffected
 
-    assert get_config()['mode'] == 'enforce'  # the database is back
+    assert get_config().mode == 'enforce'  # the database is back
 
 
 def test_a_failed_read_is_cached_so_an_outage_costs_one_read_per_interval(settings, monkeypatch):
     settings.CAPACITY_CONFIG_CACHE_SECONDS = 60
     attempts = failing_reads(monkeypatch)
     for _ in range(5):
-        assert get_config() == get_defaults()
+        assert get_config().to_json() == get_defaults()
     assert len(attempts) == 1
 
 
@@ -180,5 +180,5 @@ def test_a_config_read_never_waits_for_another_connections_write_transaction(mak
     finally:
         done.set()
         thread.join(30)
-    assert config['es2_knn'] == 7  # read from the database, not the fallback
+    assert config.es2_knn == 7  # read from the database, not the fallback
     assert took < 2

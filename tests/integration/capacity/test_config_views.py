@@ -62,7 +62,7 @@ def test_change_config_and_read_its_history(staff, config_lines):
     assert (patched['created_by'], patched['note'], patched['source']) == ('ada', 'busy day', 'api')
     assert patched['version'] == CapacityConfig.get_latest().id
     assert patched['config'] == merge(get_defaults(), {'tiers': {'preview': 1}})
-    assert get_config()['tiers']['preview'] == 1
+    assert get_config().tiers.preview == 1
     assert staff.get(CONFIG_URL).json()['config'] == patched['config']
 
     response = staff.put(CONFIG_URL, {'mode': 'off'}, format='json')

@@ -230,7 +230,7 @@ def wait_for(condition, timeout):
 
 
 def test_one_redis_error_cant_cost_a_call_two_renewals(settings):
-    from capacity.constants import DEFAULTS
+    from capacity.defaults import DEFAULTS
     assert settings.CAPACITY_REDIS_RETRY_SECONDS < DEFAULTS['lease_seconds'] - 2 * DEFAULTS['renew_seconds']
 
 

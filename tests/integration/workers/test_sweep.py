@@ -183,7 +183,7 @@ def test_a_call_cancelled_while_it_ran_on_a_worker_that_is_gone_is_marked_stoppe
     lifecycle.start(call, 'gone@host pid 1')  # its node took it, then died with it
     with mock.patch('workers.celery.app.control.revoke'):
         assert client.delete(f'/tasks/{call_id}/', HTTP_PREFER='wait=0').json()['state'] == 'cancelled'
-    stale = timezone.now() - timedelta(seconds=get_config()['lease_seconds'] + 1)
+    stale = timezone.now() - timedelta(seconds=get_config().lease_seconds + 1)
     HeavyCall.objects.filter(pk=call_id).update(heartbeat_at=stale)
     assert holds(lanes_redis, call_id) > 0  # still counted: a live run would renew them
 

@@ -5,7 +5,7 @@ import pytest
 from django.core.exceptions import ValidationError
 
 from capacity.config import diff, get_defaults, merge, nest, resolve, validate
-from capacity.constants import DEFAULTS
+from capacity.defaults import DEFAULTS, Config
 
 
 RETRY_AFTER_RULE = ('"retry_after" needs "base", "min" and "paused" of at least 1, and "max" of at least '
@@ -182,9 +182,9 @@ def test_resolve_falls_back_to_the_defaults_and_logs_an_invalid_stored_config(ca
 
 def test_the_time_limits_follow_max_hold_and_the_leases_outlive_the_hard_one():
     from capacity.config import time_limits
-    limits = time_limits(DEFAULTS)
+    limits = time_limits(Config())
     assert (limits.soft, limits.hard) == (900, 920)
-    assert time_limits(changed(max_hold_seconds=60)).hard == 80
+    assert time_limits(Config.from_json(changed(max_hold_seconds=60))).hard == 80
     # The last renewal (at most renew_seconds before the soft limit) is still held at the hard limit.
     assert limits.soft - DEFAULTS['renew_seconds'] + DEFAULTS['lease_seconds'] > limits.hard
 
@@ -199,4 +199,22 @@ def test_the_time_limits_follow_max_hold_and_the_leases_outlive_the_hard_one():
 def test_a_config_whose_calls_could_outlast_the_visibility_timeout_is_a_broker_problem(
         changes, visibility, problem):
     from capacity.config import broker_problems
-    assert bool(broker_problems(changed(**changes), visibility)) is problem
+    assert bool(broker_problems(Config.from_json(changed(**changes)), visibility)) is problem
+
+
+def test_the_typed_config_reads_by_attribute_and_an_unknown_name_raises():
+    import dataclasses
+
+    from capacity.constants import QUEUES, TIERS
+    config = Config.from_json(changed(api_heavy={'cluster': 7, 'per_task': 64}, tiers={'preview': 1}))
+    assert (config.api_heavy.cluster, config.tiers.preview, config.tiers['preview']) == (7, 1, 1)
+    assert config.to_json() == changed(api_heavy={'cluster': 7, 'per_task': 64}, tiers={'preview': 1})
+    with pytest.raises(AttributeError):
+        config.api_heavy.clustr  # noqa: B018 - a misspelt setting is an error, not a missing value
+    with pytest.raises(KeyError):
+        config.tiers['nobody']
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.mode = 'enforce'
+    # The sections keyed by name are the tiers and the queues, in the vocabulary's order.
+    assert config.tiers.names() == TIERS and config.queue.max_waiting.names() == QUEUES
+    assert Config().to_json() == DEFAULTS

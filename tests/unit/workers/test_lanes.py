@@ -2,7 +2,8 @@
 database, no Redis."""
 import pytest
 
-from capacity.constants import DEFAULTS, QUEUES, Lane
+from capacity.constants import QUEUES, Lane
+from capacity.defaults import DEFAULTS
 from tests.unit.defaults import config
 from workers.lanes import QUEUE_NAMES, UnknownQueue, get_queue, pool_sizes, route
 from workers.pool import share_of
@@ -76,6 +77,7 @@ def test_a_node_not_among_the_live_ones_gets_nothing():
 ])
 def test_a_pool_size_turns_back_into_the_config_value_that_sizes_the_queue(queue, pool_size, change):
     from capacity.config import get_defaults, merge
+    from capacity.defaults import Config
     defaults = get_defaults()
-    assert get_queue(queue).sized_to(pool_size, defaults) == change
-    assert get_queue(queue).pool_size(merge(defaults, change)) == pool_size
+    assert get_queue(queue).sized_to(pool_size, Config.from_json(defaults)) == change
+    assert get_queue(queue).pool_size(Config.from_json(merge(defaults, change))) == pool_size
