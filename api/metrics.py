@@ -87,10 +87,7 @@ class HeavyLanesCollector:
                                          'coalesced (joined an identical call\'s work), cached (an identical '
                                          'call\'s stored result).', ['queue', 'served_as'])
         expired = counter('leases_expired', 'Leases pruned after expiring without a release.')
-        try:
-            values = counters.read()
-        except Exception:  # noqa: BLE001 - a scrape shows what it can; redis_up says why the rest is missing
-            values = {}
+        values = counters.read()  # {} when Redis can't say: redis_up says why the rest is missing
         for labels, value in sorted(values.items()):
             kind, rest = labels[0], list(labels[1:])
             if kind == 'decision' and len(rest) == 3:

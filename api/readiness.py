@@ -32,7 +32,9 @@ def check_database():
 
 
 def check_lanes():
-    get_store().command('ping')
+    """None when the lane store answers PING, else the error's class name."""
+    answered = get_store().probe()
+    return None if answered else answered.error.split(':', 1)[0]
 
 
 def check_broker():
@@ -62,8 +64,7 @@ def run_checks():
     checks = {}
     for name, check in (('database', check_database), ('lanes', check_lanes), ('broker', check_broker)):
         try:
-            check()
-            checks[name] = OK
+            checks[name] = check() or OK
         except Exception as ex:  # noqa: BLE001 - a failed check is the answer, not an error
             checks[name] = type(ex).__name__
     try:

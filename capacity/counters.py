@@ -6,15 +6,12 @@ the transition that ends them, so the count neither costs a scan of the calls' t
 retention deletes old rows). One hash under the lane prefix; increments gather in the
 process and reach Redis on the lane store's Redis thread, and never delay or fail a call.
 """
-import logging
 import threading
 from collections import Counter
 
-from capacity.keys import counters_key
 from capacity.store import get_store
 from common.process import PerProcess
 
-logger = logging.getLogger('heavy_lanes')
 SEPARATOR = '|'
 
 
@@ -33,12 +30,12 @@ _pending = PerProcess(Pending)
 def increment(*fields):
     """Add 1 to each field (a tuple of labels), without making the caller wait for Redis.
 
-    Increments gather in this process and one flush job at a time takes them to Redis on the Redis
-    thread, so counters never hold more than one of its few queue places (the calls' own operations need
-    them). A counter never costs a call anything: when they can't be sent they are dropped.
+    Increments gather in this process and one job at a time takes them to Redis on the lane store's Redis
+    thread (LaneStore.add_counts_later), so counters never hold more than one of its few queue places (the
+    calls' own operations need them). A counter never costs a call anything: when they can't be sent (the
+    skip window, a busy thread, an error) they are dropped.
     """
-    store = get_store()
-    if not fields or not store.is_available():
+    if not fields:
         return
     pending = _pending.get()
     with pending.lock:
@@ -47,36 +44,23 @@ def increment(*fields):
         if pending.flush_queued:
             return
         pending.flush_queued = True
-    try:
-        store.thread.submit(_flush, store, pending)
-    except Exception as ex:  # noqa: BLE001 - the thread is busy: keep the counts for the next flush
-        with pending.lock:
-            pending.flush_queued = False
-        logger.debug('Capacity counters not sent yet (%s)', ex)
+    if not get_store().add_counts_later(lambda: _take(pending)):
+        _take(pending)  # not queued: these are dropped, and the next increment queues a job again
 
 
-def _flush(store, pending):
-    """Send the gathered increments (on the Redis thread); on an error they are dropped."""
+def _take(pending):
+    """The gathered increments, now gone from `pending` (on the Redis thread, or when dropped)."""
     with pending.lock:
         counts = dict(pending.counts)
         pending.counts.clear()
         pending.flush_queued = False
-    if counts:
-        pipe = store.client.pipeline(transaction=False)
-        key = counters_key()
-        for name, count in counts.items():
-            pipe.hincrby(key, name, count)
-        pipe.execute()
+    return counts
 
 
 def read():
-    """{(kind, *labels): count} for every counter."""
-    raw = get_store().command('hgetall', counters_key())
-    counts = {}
-    for field, value in raw.items():
-        field = field.decode() if isinstance(field, bytes) else field
-        counts[tuple(field.split(SEPARATOR))] = int(value)
-    return counts
+    """{(kind, *labels): count} for every counter; {} when Redis can't say."""
+    raw = get_store().counters()
+    return {tuple(name.split(SEPARATOR)): count for name, count in (raw or {}).items()}
 
 
 def record_decision(admission, queue):

@@ -1,16 +1,14 @@
 """The limiter's one fail-open policy: its own failures never refuse or stop a call.
 
-Any error while counting, renewing or releasing is recorded on the object that met it (its `error`, as
-`<ExcClass>: <message>` up to 300 characters) and logged once here. A Redis error also opens the skip
-window (capacity.store.LaneStore.mark_unavailable): for CAPACITY_REDIS_RETRY_SECONDS this process
-doesn't call Redis for capacity, so an outage costs at most one call per process per window, by at most
-the deadline. Other errors (a bug) leave the window shut.
+Any error while counting, renewing or releasing is turned into a value by the lane store's verbs
+(capacity.store.verb: `Unknown`, with the error as `<ExcClass>: <message>` up to 300 characters) and logged
+once here. A Redis error also opens the skip window (capacity.store.LaneStore.mark_unavailable): for
+CAPACITY_REDIS_RETRY_SECONDS this process doesn't call Redis for capacity, so an outage costs at most one
+call per process per window, by at most the deadline. Other errors (a bug) leave the window shut.
 """
 import logging
 
 import redis
-
-from capacity.store import get_store
 
 logger = logging.getLogger('heavy_lanes')
 ERROR_LENGTH = 300
@@ -22,12 +20,11 @@ def describe(ex):
     return f'{type(ex).__name__}: {ex}'[:ERROR_LENGTH]
 
 
-def record(holder, ex, action, store=None):
-    """Note `ex` on `holder` (a lease, or None) and go on without the limiter; return the description."""
+def record(ex, action, store=None):
+    """Log `ex`, met while doing `action`, and go on without the limiter; a Redis error opens `store`'s skip
+    window. Returns the description."""
     error = describe(ex)
-    if holder is not None:
-        holder.error = error
-    if isinstance(ex, redis.RedisError):
-        (store or get_store()).mark_unavailable()
+    if store is not None and isinstance(ex, redis.RedisError):
+        store.mark_unavailable()
     logger.warning('Capacity %s failed open (%s)', action, error)
     return error

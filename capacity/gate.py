@@ -18,7 +18,6 @@ shadow mode too.
 import dataclasses
 import uuid
 
-import redis
 from django.conf import settings
 
 from capacity import decisions, failopen
@@ -27,10 +26,7 @@ from capacity.caller import NO_FACTS, get_tier
 from capacity.config import get_config
 from capacity.constants import OFF, Decision
 from capacity.keys import lane_key
-from capacity.store import get_store
-
-UNKNOWN_OUTCOME = (redis.TimeoutError, redis.ConnectionError)
-
+from capacity.store import Unknown, get_store
 
 def admit(user, endpoint='', rows=0, semantic=False, reranker=False, waits=False, queue='', draws_on=None,
           wait_slot=False, facts=NO_FACTS, token=None, lease_ms=None, config=None, store=None):
@@ -54,16 +50,12 @@ def admit(user, endpoint='', rows=0, semantic=False, reranker=False, waits=False
         keys = [lane_key(item.lane, *item.parts) for item in lanes]
         if lease_ms is None:
             lease_ms = (config.queue.deadline_seconds if queue else config.lease_seconds) * 1000
-        if not store.is_available():
+        acquired = store.acquire(keys, [item.limit for item in lanes], token, lease_ms, force=not enforced)
+        if isinstance(acquired, Unknown):
+            # Never refuse on the limiter's own failure: the call goes ahead uncounted. An acquire whose
+            # answer never came is taken back by the store once Redis answers (it may still run it).
             return with_suggested(_uncounted(token, call, config, enforced, lanes, keys, lease_ms, facts,
-                                             failopen.SKIPPED))
-        try:
-            acquired = store.acquire(keys, [item.limit for item in lanes], token, lease_ms, force=not enforced)
-        except UNKNOWN_OUTCOME:
-            # No answer is not "nothing taken": Redis may run it from its input buffer after we gave up.
-            # The release sent once Redis answers again lands after it and undoes it.
-            store.releases.defer(keys, token)
-            raise
+                                             acquired.error))
         decision, full = decisions.decide(lanes, acquired.counts, acquired.taken)
         taken = int(acquired.taken)
         counted = tuple(LaneState(item.lane, key, item.limit, count + taken)
@@ -75,14 +67,14 @@ def admit(user, endpoint='', rows=0, semantic=False, reranker=False, waits=False
             suggested = decisions.suggested_concurrency(
                 {state.lane: state.limit for state in counted}, {state.lane: state.count for state in counted})
         except Exception as ex:  # noqa: BLE001 - a header must never fail the call
-            error = failopen.record(None, ex, 'suggested concurrency')
+            error = failopen.record(ex, 'suggested concurrency')
         return Admission(
             decision=decision, token=token, call=call, mode=config.mode, enforced=enforced, lanes=counted,
             full=full, holding=acquired.taken, lease_ms=lease_ms,
             acquired_ms=acquired.acquired_ms if acquired.taken else 0, facts=facts, retry_after=retry,
             suggested=suggested, error=error)
-    except Exception as ex:  # noqa: BLE001 - the one place admission fails open
-        error = failopen.record(None, ex, 'acquire', store)
+    except Exception as ex:  # noqa: BLE001 - a bug in the policy never refuses a call either
+        error = failopen.record(ex, 'admission', store)
         if call is None:
             call = decisions.Call(
                 endpoint=endpoint, rows=rows, tier=None, user_id=getattr(user, 'pk', None),
@@ -131,7 +123,7 @@ def with_suggested(admission):
     try:
         return _replace(admission, suggested=decisions.suggested_concurrency(admission.limits, admission.counts))
     except Exception as ex:  # noqa: BLE001 - a header must never fail the call
-        return admission.with_error(failopen.record(None, ex, 'suggested concurrency'))
+        return admission.with_error(failopen.record(ex, 'suggested concurrency'))
 
 
 def release(admission, store=None):

@@ -5,26 +5,17 @@ wait in its queue; the worker that runs it renews them at start (all or nothing:
 revived), every `renew_seconds` while it runs (up to `max_hold_seconds`), and releases them in `finally`.
 A release that can't reach Redis (the skip window, or an error) is sent again later (capacity.releases).
 A redelivered call (its worker died) takes them again with `retake`: it was admitted once.
-Nothing here raises: errors go through capacity.failopen.
+Nothing here raises: the store's verbs fail open (capacity.store), and a lease keeps what they met in
+`error` for the call's log line.
 """
 import logging
 import threading
 import time
-from dataclasses import dataclass
 
 from capacity import counters, failopen
-from capacity.store import get_store
+from capacity.store import Unknown, get_store
 
 logger = logging.getLogger('heavy_lanes')
-
-
-@dataclass(frozen=True)
-class Sent:
-    """What a run's end sent with its release (Lease.release_and_end): whether Redis took the notice, and
-    what the work release answered (LaneStore.end_work's True or False; None when Redis couldn't say or
-    there was none; the exception when it alone failed)."""
-    published: bool
-    joined: object = None
 
 
 class Lease:
@@ -44,46 +35,37 @@ class Lease:
         """Extend every lease by lease_ms from now, or none of them; True when all were held."""
         if not self.holding or self.released:
             return False
-        if not self.store.is_available():
-            return False
-        try:
-            held = self.store.renew(self.keys, self.token, self.lease_ms)
-        except Exception as ex:  # noqa: BLE001 - fail open: the call runs on uncounted
-            self.renewals_failed += 1
-            failopen.record(self, ex, 'renewal', self.store)
-            counters.increment(('renewal_failed',))
+        held = self.store.renew(self.keys, self.token, self.lease_ms)
+        if isinstance(held, Unknown):
+            if not held.skipped:  # a failure (the skip window sends nothing, and fails nothing)
+                self.renewal_failed(held.error)
             return False
         if held < len(self.keys):
             self.lease_lost = True
-            self.renewals_failed += 1
-            counters.increment(('renewal_failed',))
+            self.renewal_failed(None)
             return False
         return True
+
+    def renewal_failed(self, error):
+        self.renewals_failed += 1
+        self.error = error or self.error
+        counters.increment(('renewal_failed',))
 
     def counted(self):
         """Whether any lane still counts this call (holds its token with an unexpired lease), by Redis's
         clock; None when Redis can't say. Reads only: nothing is renewed or released."""
-        if not self.keys or not self.store.is_available():
+        if not self.keys:
             return None
-        try:
-            seconds, micros = self.store.command('time')
-            now_ms = int(seconds) * 1000 + int(micros) // 1000
-            scores = [self.store.command('zscore', key, self.token) for key in self.keys]
-        except Exception as ex:  # noqa: BLE001 - fail open: the caller leaves the call as it is
-            failopen.record(self, ex, 'lease probe', self.store)
-            return None
-        return any(score is not None and float(score) > now_ms for score in scores)
+        counted = self.store.counted(self.keys, self.token)
+        return None if isinstance(counted, Unknown) else counted
 
     def retake(self, limits):
         """Take the leases again whatever the counts (a call that was admitted once); True when taken."""
-        if not self.keys or not self.store.is_available():
+        if not self.keys:
             return False
-        try:
-            self.store.acquire(self.keys, limits, self.token, self.lease_ms, force=True)
-        except Exception as ex:  # noqa: BLE001
-            failopen.record(self, ex, 'retake', self.store)
-            # Redis may still run it from its input buffer: a release sent once it answers undoes that.
-            self.store.releases.defer(self.keys, self.token)
+        acquired = self.store.acquire(self.keys, limits, self.token, self.lease_ms, force=True)
+        if isinstance(acquired, Unknown):
+            self.error = acquired.error if not acquired.skipped else self.error
             return False
         self.holding, self.lease_lost = True, False
         return True
@@ -92,7 +74,8 @@ class Lease:
         """Remove this call's token from `keys` (default: all its lanes). Idempotent for the whole set.
 
         The release measures how long each lane held it; `ran` = (queue, run_ms) also measures how long
-        the call ran on its queue (capacity.decisions and the poll hints read both).
+        the call ran on its queue (capacity.decisions and the poll hints read both). A release that doesn't
+        reach Redis is sent again once it answers (the store's).
         """
         if keys is None:
             if self.released:
@@ -101,43 +84,28 @@ class Lease:
             keys = self.keys
         if not self.holding or not keys:
             return
-        if not self.store.is_available():
-            self._defer(keys, None)
-            return
-        try:
-            self.store.release(list(keys), self.token, acquired_ms=self.acquired_ms, ran=ran)
-        except Exception as ex:  # noqa: BLE001
-            self._defer(keys, ex)
+        self.note(self.store.release(list(keys), self.token, acquired_ms=self.acquired_ms, ran=ran))
 
     def release_and_end(self, ran=None, notice=None, work=None):
         """`release` (all its lanes, once) with the end's other Redis commands in its round trip
-        (LaneStore.release_and_end): the completion notice, (channel, message), and a leader's work release,
-        LaneStore.end_work's arguments. Returns a Sent. Nothing raises: a release that fails is sent again
-        later, as `release`'s; a notice that didn't go is the caller's to send."""
+        (LaneStore.release_and_end): the completion notice, (channel, message), and a work's claim given up,
+        (claim key, token, warm key, warm ms). Returns whether the notice went out; a notice that didn't is
+        the caller's to send."""
         keys = self.keys if self.holding and not self.released else []
         self.released = True
-        if not self.store.is_available():
-            self._defer(keys, None)
-            return Sent(published=False, joined=None)
-        try:
-            removed, published, joined = self.store.release_and_end(
-                keys, self.token, acquired_ms=self.acquired_ms, ran=ran if keys else None, notice=notice, work=work)
-        except Exception as ex:  # noqa: BLE001
-            self._defer(keys, ex)
-            return Sent(published=False, joined=None)
-        if isinstance(removed, Exception):
-            self._defer(keys, removed)
-        return Sent(published=notice is not None and not isinstance(published, Exception), joined=joined)
+        ended = self.store.release_and_end(keys, self.token, acquired_ms=self.acquired_ms,
+                                           ran=ran if keys else None, notice=notice, work=work)
+        if self.note(ended) and isinstance(ended.removed, Exception):
+            self.error = failopen.describe(ended.removed)
+        return bool(ended) and notice is not None and not isinstance(ended.published, Exception)
 
-    def _defer(self, keys, ex):
-        """A release that didn't reach Redis (`ex`; None: Redis is being skipped) is sent again later."""
-        if not keys:
-            return
-        if ex is None:
-            self.error = self.error or failopen.RELEASE_DEFERRED
-        else:
-            failopen.record(self, ex, 'release', self.store)
-        self.store.releases.defer(keys, self.token)  # idempotent: harmless if Redis ran it after all
+    def note(self, answer):
+        """Keep what a release met (an Unknown: skipped or failed, and deferred by the store); True when the
+        release had an answer."""
+        if isinstance(answer, Unknown):
+            self.error = (self.error or failopen.RELEASE_DEFERRED) if answer.skipped else answer.error
+            return False
+        return True
 
     def drop(self, keys):
         """Release some lanes now and stop counting them as this call's (e.g. the API host's lane)."""

@@ -95,7 +95,7 @@ class DeferredReleases:
         """Release each (token, keys) of `batch`; on a Redis error keep the rest and return the error."""
         for index, (token, keys) in enumerate(batch):
             try:
-                self.store.release(keys, token)
+                self.store.ops.release(keys, token)  # the raw release: this is where a failed one ends up
             except redis.RedisError as ex:
                 self.store.mark_unavailable()
                 self._put_back(batch[index:])

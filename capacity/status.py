@@ -7,9 +7,8 @@ needs nothing from them.
 """
 from capacity.constants import TIERS, Lane
 from capacity.decisions import bulk_limit
-from capacity.failopen import describe
 from capacity.keys import lane_id, lane_key
-from capacity.store import get_store
+from capacity.store import Unknown, get_store
 
 _sections = {}  # name -> read(config) -> JSON-able value
 
@@ -29,15 +28,17 @@ def get_status(config):
 
 def get_lanes(config):
     store = get_store()
-    try:
-        task_keys = store.find_keys(Lane.API_HEAVY_TASK)
-        user_keys = store.find_keys(Lane.USER)
-        tier_keys = [lane_key(Lane.TIER, tier) for tier in TIERS]
-        keys = [lane_key(Lane.API_HEAVY), lane_key(Lane.ES2_KNN), *tier_keys, *task_keys, *user_keys]
-        counts = dict(zip(keys, store.count(keys)))
-        expired = store.expired_total()
-    except Exception as ex:  # noqa: BLE001 - status reports a broken Redis instead of failing
-        return {'redis': describe(ex)}
+    task_keys = store.find_keys(Lane.API_HEAVY_TASK)
+    user_keys = store.find_keys(Lane.USER)
+    tier_keys = [lane_key(Lane.TIER, tier) for tier in TIERS]
+    keys = [lane_key(Lane.API_HEAVY), lane_key(Lane.ES2_KNN), *tier_keys, *(task_keys or ()), *(user_keys or ())]
+    counted = store.count(keys) if task_keys is not None and user_keys is not None else None
+    expired = store.expired_total()
+    failed = next((answer for answer in (task_keys, user_keys, counted, expired) if isinstance(answer, Unknown)),
+                  None)
+    if failed is not None:  # status reports a broken Redis instead of failing
+        return {'redis': failed.error}
+    counts = dict(zip(keys, counted))
     return {
         'redis': 'ok',
         'api_heavy': {'in_flight': counts[keys[0]], 'limit': config.api_heavy.cluster,

@@ -1,55 +1,115 @@
-"""The lease-lane store: the one adapter between the limiter and Redis.
+"""The lane store: the limiter's one way to Redis, as named verbs that fail open.
 
-Each lane is a Redis sorted set of leases (member = lease token = the task id; score = expiry in epoch ms by
-Redis's clock). The operations are Lua scripts in `capacity/lua/`, one per file. A `LaneStore` holds what a
-process needs for them: its client, the registered scripts, the Redis thread every operation runs on (the
-caller waits at most CAPACITY_REDIS_DEADLINE_SECONDS), the skip window after an error, and the releases
-that wait for Redis to answer again (capacity.releases). `get_store()` is this process's store; tests give
-their own with `use_store(LaneStore(client))`.
+    store = get_store()
+    acquired = store.acquire(keys, limits, token, lease_ms, force=False)
+    if isinstance(acquired, Unknown):   # Redis was skipped or failed: the call goes ahead uncounted
+        ...
 
-Where an operation runs. What no socket timeout bounds is making a connection: a DNS lookup, a walk through
-the Sentinels, a connect. So connecting is done on the Redis thread, and the caller waits for it at most the
-deadline. An operation on a connection that is already established is bounded by its socket timeout alone
-(common.connections sets it to at most the deadline), so lane operations run on their caller's thread over one of the store's
-established connections (`operate`): no thread hop on the path of an admission. An operation that finds
-none idle runs on the Redis thread over a new connection, which it then leaves to the next caller; one that
-fails on its connection closes it, so the next one connects again on the thread. Up to MAX_READY
-connections per process are kept; beyond that operations run on the thread over the shared pool.
+Every verb follows one rule, applied here once (`verb`), never at its call sites:
+1. while the skip window is open (a Redis error met lately: `mark_unavailable`), send nothing;
+2. on an error, record it (logged once, with the verb's name: capacity.failopen) and open the skip window
+   when it was Redis's;
+3. return the declared default instead of raising: `Unknown(error)`, which is falsy and says why
+   (`skipped` when it was the window). A bug in the call itself (`BadCall`) is raised, never hidden.
+A verb that leaves something behind when its outcome is unknown undoes it the same way every time: an
+acquire that timed out or lost its connection (Redis may still run it from its input buffer) and a release
+that didn't reach Redis are released again once Redis answers (capacity.releases).
 
-Errors: the store raises, it never decides to fail open (capacity.gate and capacity.lease do). It raises:
-- `redis.TimeoutError` when Redis gave no answer within the deadline, or ran an acquire after its caller
-  stopped waiting (no lease was taken then);
-- `redis.ConnectionError` when the Redis thread's queue is full, or from redis-py;
-- any other `redis.RedisError` from redis-py or from a script;
-- `ValueError` for a call that makes no sense (no keys, keys and limits of different lengths).
+| verb | does (units) | atomic | returns |
+|---|---|---|---|
+| `acquire` | a lease in every lane or none (ms) | one script | `Acquired` |
+| `renew` | every lease of a token to `lease_ms` from now, only if all are held | one script | leases held (int) |
+| `release` | a token's leases; measures holds and run time | one script | leases removed (int) |
+| `release_and_end` | `release`, a completion notice, a work's claim given up | one pipeline | `Ended` |
+| `count` | unexpired leases per lane | one script | [int] |
+| `counted` | whether any lane still counts a token (by Redis's clock) | one pipeline | bool |
+| `find_keys` | every key of a lane with parts | SCAN | [str] |
+| `claim` / `unclaim` / `keep` / `read` | a string key naming who does a work for everyone | one command or script | bool / bool / bool / [str or None] |
+| `holds` / `hold` / `expired_total` | measured mean holds (ms), leases that expired unreleased | one command | dict / int or None / int |
+| `counters` / `add_counts_later` | the event counters hash; increments sent from the Redis thread | one command / pipeline | dict / True when queued |
+| `probe` | PING, even in the skip window; an answer closes it | one command | True |
+
+Which operation runs where, within the deadline, is capacity.runner's; the operations themselves are
+capacity.operations' (the contract suite tests them on fakeredis and the real Redis). `get_store()` is this
+process's store; tests give their own with `use_store(LaneStore(client))`.
+
+Model: limits' `limits/storage/base.py` (errors handled once per verb) and dramatiq's rate-limit backend
+(`dramatiq/rate_limits/backend.py`: a short contract of verbs).
 """
 import functools
-import importlib.resources
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import redis
 from django.conf import settings
 
-from capacity.keys import expired_key, hold_field, holds_key, lane_pattern, run_field
+from capacity import failopen
+from capacity.operations import BadCall, Ended, Operations
 from capacity.releases import DeferredReleases
-from capacity.threads import RedisThread
+from capacity.runner import Runner
 from common import connections
 from common.process import PerProcess
 
-SCRIPTS = ('acquire', 'renew', 'release', 'count', 'unclaim')
-SCAN_COUNT = 100
-MAX_READY = 32  # established connections per process that lane operations use on their caller's thread
-NOT_AFTER_SLACK_SECONDS = 2  # room for the clocks of this host and Redis to differ
-LATE_ACQUIRE = 'Redis ran the acquire after its caller stopped waiting; no lease was taken'
-HOLD_WEIGHT = 0.2  # the newest release's weight in a lane's mean hold: about the last 5 releases count
+# Errors after which Redis may still have run what was sent (it sits in Redis's input buffer).
+UNKNOWN_OUTCOME = (redis.TimeoutError, redis.ConnectionError)
 
 
-@functools.cache
-def read_script(name):
-    """The Lua source of one operation, shipped as package data."""
-    return importlib.resources.files('capacity').joinpath('lua', f'{name}.lua').read_text(encoding='utf-8')
+@dataclass(frozen=True)
+class Unknown:
+    """What a verb returns when Redis was skipped or failed: the outcome is unknown. Falsy."""
+
+    error: str
+    skipped: bool = False  # the skip window was open: nothing was sent
+
+    def __bool__(self):
+        return False
+
+
+SKIPPED = Unknown(failopen.SKIPPED, skipped=True)
+
+
+@dataclass(frozen=True)
+class Undo:
+    """What a verb may have left behind when its outcome is unknown, and how it is taken back: `take_back(store,
+    *args, **kwargs)` with the verb's own arguments, after every failure and skip (`always`), or only after
+    an error that leaves the outcome unknown (UNKNOWN_OUTCOME)."""
+
+    take_back: object
+    always: bool
+
+
+def _release_later(store, keys, token, *args, **kwargs):
+    store.releases.defer(keys, token)
+
+
+def _release_acquire_later(store, keys, limits, token, *args, **kwargs):
+    store.releases.defer(keys, token)
+
+
+RELEASE_LATER = Undo(_release_later, always=True)
+RELEASE_UNKNOWN_ACQUIRE = Undo(_release_acquire_later, always=False)
+
+
+def verb(action, undo=None):
+    """Apply the fail-open rule to one verb (see the module docstring), with its Undo."""
+    def wrap(method):
+        @functools.wraps(method)
+        def run(self, *args, **kwargs):
+            if not self.is_available():
+                if undo is not None and undo.always:
+                    undo.take_back(self, *args, **kwargs)
+                return SKIPPED
+            try:
+                return method(self, *args, **kwargs)
+            except BadCall:
+                raise
+            except Exception as ex:  # noqa: BLE001 - the one place a Redis operation fails open
+                error = failopen.record(ex, action, self)
+                if undo is not None and (undo.always or isinstance(ex, UNKNOWN_OUTCOME)):
+                    undo.take_back(self, *args, **kwargs)
+                return Unknown(error)
+        return run
+    return wrap
 
 
 def build_redis_client():
@@ -57,104 +117,16 @@ def build_redis_client():
     return connections.build('lanes')
 
 
-def release_call(keys, token, acquired_ms, ran):
-    """The release script's keys and arguments (capacity/lua/release.lua)."""
-    field_name, run_ms = (run_field(ran[0]), max(int(ran[1]), 0)) if ran is not None else ('', 0)
-    args = [token, int(acquired_ms or 0), HOLD_WEIGHT, field_name, run_ms, *(hold_field(key) for key in keys)]
-    return [*keys, holds_key()], args
-
-
-def get_not_after_ms():
-    """Epoch ms after which Redis must not run an acquire: the caller's deadline plus clock slack."""
-    return int((time.time() + settings.CAPACITY_REDIS_DEADLINE_SECONDS + NOT_AFTER_SLACK_SECONDS) * 1000)
-
-
-@dataclass(frozen=True)
-class Acquired:
-    """What an acquire did: whether it took the leases, and each lane's count before this call.
-
-    Two readings come with it and are left out of comparisons (they are measurements, not the outcome):
-    `acquired_ms`, Redis's clock when it ran (epoch ms: what a release measures the hold from), and, when
-    a lane was full, `holds`: each lane's mean hold in ms (None where nothing was measured yet).
-    """
-
-    taken: bool
-    counts: tuple[int, ...]
-    acquired_ms: int = field(default=0, compare=False)
-    holds: tuple[int | None, ...] = field(default=(), compare=False)
-
-
-class Sending:
-    """Which comes first for an operation the Redis thread connects for: its sending, or its caller giving up
-    at the deadline. After `abandon()`, `send()` is False; after `send()`, `abandon()` changes nothing."""
-
-    __slots__ = ('lock', 'sent', 'abandoned')
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.sent = self.abandoned = False
-
-    def send(self):
-        with self.lock:
-            if self.abandoned:
-                return False
-            self.sent = True
-            return True
-
-    def abandon(self):
-        with self.lock:
-            if not self.sent:
-                self.abandoned = True
-
-
 class LaneStore:
-    """The lanes in Redis, for one process: one client, one Redis thread, one skip window."""
+    """The lanes in Redis, for one process: its operations, its skip window, the releases it still owes."""
 
     def __init__(self, client=None):
-        self._client = client  # None: the limiter's own client, built from settings on first use
-        self._lock = threading.Lock()
-        self._scripts = {}  # name -> redis.commands.core.Script, registered on `_scripts_client`
-        self._scripts_client = None
-        self._thread = None
-        self._ready = []  # idle established single-connection clients, newest last
-        self._opened = 0  # ready clients that exist (idle or in use)
+        self.runner = Runner(client, build_redis_client)  # client None: built from settings on first use
+        self.ops = Operations(self.runner)
         self.unavailable_until = 0.0  # time.monotonic() before which Redis is skipped
         self.releases = DeferredReleases(self)
 
-    # --- state
-
-    @property
-    def client(self):
-        client = self._client
-        if client is None:
-            with self._lock:
-                if self._client is None:
-                    self._client = build_redis_client()  # connects lazily: no I/O under the lock
-                client = self._client
-        return client
-
-    @property
-    def thread(self):
-        """This store's Redis thread, started on first use."""
-        thread = self._thread
-        if thread is None:
-            with self._lock:
-                if self._thread is None:
-                    self._thread = RedisThread()
-                thread = self._thread
-        return thread
-
-    def script(self, name):
-        """The script `name` (a redis-py Script: it runs on any client of this Redis)."""
-        client = self.client
-        with self._lock:
-            if self._scripts_client is not client:
-                self._scripts, self._scripts_client = {}, client
-            script = self._scripts.get(name)
-            if script is None:
-                # register_script only hashes the source; EVALSHA runs it and loads it on NOSCRIPT.
-                script = self._scripts[name] = client.register_script(read_script(name))
-            return script
+    # --- the skip window
 
     def is_available(self):
         return time.monotonic() >= self.unavailable_until
@@ -163,272 +135,127 @@ class LaneStore:
         """Skip Redis for CAPACITY_REDIS_RETRY_SECONDS, so an outage costs each process one slow call."""
         self.unavailable_until = time.monotonic() + settings.CAPACITY_REDIS_RETRY_SECONDS
 
-    # --- running operations
+    # --- lanes
 
-    def call(self, op, *args):
-        """Run `op(*args)` on the Redis thread and wait at most the deadline for its answer.
-
-        Socket timeouts don't bound a DNS lookup or a walk through the Sentinels; this does. On timeout a job
-        still queued is cancelled (the thread skips it); one already running finishes unobserved.
-        """
-        deadline = settings.CAPACITY_REDIS_DEADLINE_SECONDS
-        job = self.thread.submit(op, *args)
-        try:
-            return job.result(timeout=deadline)
-        except TimeoutError:
-            # result() raises the builtin TimeoutError both at its deadline and when the op itself raised
-            # one (socket.timeout is one); a job that is done tells them apart. cancel() is True for a
-            # job still queued; False for one running, or one that finished just now, whose answer is
-            # then used rather than thrown away.
-            if not job.done() and (job.cancel() or not job.done()):
-                raise redis.TimeoutError(f'no answer from Redis within {deadline} s') from None
-            return job.result()
-
-    def operate(self, op, *args):
-        """Run the lane operation `op(client, *args)`: on this thread over an established connection when
-        one is idle, else on the Redis thread over a new one (see the module docstring). Either way it
-        costs at most the deadline."""
-        try:
-            client = self._ready.pop()
-        except IndexError:
-            client = None
-        if client is not None and not self._sound(client):
-            self._discard(client)
-            client = None
-        if client is None:
-            sending = Sending()
-            started = time.monotonic()
-            try:
-                value, client = self.call(self._connect_and_run, op, args, sending)
-            except redis.RedisError as ex:
-                sending.abandon()  # a connection made after this never sends the operation
-                deadline = settings.CAPACITY_REDIS_DEADLINE_SECONDS
-                if time.monotonic() - started < deadline - 0.02 or str(ex).startswith('no answer from Redis'):
-                    raise
-                # Connecting met a socket timeout equal to the deadline (the handshake, a Sentinel's
-                # answer): to the caller it is the deadline, whichever of the two came first.
-                raise redis.TimeoutError(f'no answer from Redis within {deadline} s') from ex
-            if client is not None:
-                self._ready.append(client)
-            return value
-        try:
-            value = op(client, *args)
-        except redis.ResponseError:
-            self._ready.append(client)  # Redis answered: the connection is sound
-            raise
-        except redis.TimeoutError as ex:
-            self._discard(client)
-            deadline = settings.CAPACITY_REDIS_DEADLINE_SECONDS
-            if deadline < settings.CAPACITY_REDIS_TIMEOUT_SECONDS:
-                raise redis.TimeoutError(f'no answer from Redis within {deadline} s') from ex
-            raise
-        except BaseException:
-            self._discard(client)
-            raise
-        self._ready.append(client)
-        return value
-
-    def _connect_and_run(self, op, args, sending):
-        """On the Redis thread: connect, then `op` over the new connection, returned with the value for the
-        caller to keep (closed instead when MAX_READY are open). Nothing is sent when the caller gave up
-        while this connected: an operation sent later than that could land after the release the caller's
-        side sends for it (capacity.releases), and take leases nobody gives back."""
-        with self._lock:
-            opening = self._opened < MAX_READY
-            if opening:
-                self._opened += 1
-        try:
-            client = redis.Redis(connection_pool=self.client.connection_pool, single_connection_client=True)
-        except BaseException:
-            if opening:
-                with self._lock:
-                    self._opened -= 1
-            raise
-        keep = self._ready.append if opening else self._close
-        if not sending.send():
-            keep(client)  # sound, and idle
-            raise redis.TimeoutError('the caller stopped waiting before the connection was made')
-        try:
-            value = op(client, *args)
-        except redis.ResponseError:
-            keep(client)  # Redis answered: the connection is sound
-            raise
-        except BaseException:
-            self._discard(client) if opening else self._close(client)
-            raise
-        if opening:
-            return value, client
-        self._close(client)
-        return value, None
-
-    @staticmethod
-    def _close(client):
-        try:
-            client.close()
-        except Exception:  # noqa: BLE001 - closing
-            pass
-
-    @staticmethod
-    def _sound(client):
-        """Whether an idle client's connection is still usable: nothing unread, not closed by the server
-        (redis-py's own check before it hands out a pooled connection; a poll, no round trip)."""
-        try:
-            return not client.connection.can_read(timeout=0)
-        except Exception:  # noqa: BLE001 - closed or broken
-            return False
-
-    def _discard(self, client):
-        """Close a ready client whose connection failed (or may have data left unread)."""
-        with self._lock:
-            self._opened -= 1
-        try:
-            client.connection.disconnect()
-            client.close()
-        except Exception:  # noqa: BLE001 - closing a broken connection
-            pass
-
-    def run_script(self, client, name, keys, args):
-        """Run one Lua script on `client` (called through `operate`)."""
-        return self.script(name)(keys=keys, args=args, client=client)
-
-    def run_scan(self, pattern):
-        keys = self.client.scan_iter(match=pattern, count=SCAN_COUNT)
-        return sorted({key.decode() if isinstance(key, bytes) else key for key in keys})
-
-    def run_command(self, client, name, args, kwargs):
-        """One plain Redis command on `client` (called through `operate`)."""
-        return getattr(client, name)(*args, **kwargs)
-
-    def command(self, name, *args, **kwargs):
-        """Run one plain Redis command within the deadline, e.g. command('set', key, value, nx=True, ex=10)."""
-        return self.operate(self.run_command, name, args, kwargs)
-
-    # --- operations
-
+    @verb('acquire', undo=RELEASE_UNKNOWN_ACQUIRE)
     def acquire(self, keys, limits, token, lease_ms, force, not_after_ms=None):
-        """Take a lease (expiring in `lease_ms` ms) in every lane of `keys`, or in none.
+        """Take a lease (`lease_ms` ms) in every lane of `keys` or in none (capacity.operations)."""
+        return self.ops.acquire(keys, limits, token, lease_ms, force, not_after_ms)
 
-        `limits` are the lanes' limits, in `keys` order. Not forced, a call takes nothing when a lane is full
-        (count >= limit). `not_after_ms` (epoch ms) defaults to get_not_after_ms(); Redis running the script
-        later than that raises redis.TimeoutError and takes nothing.
-        """
-        keys, limits = list(keys), [int(limit) for limit in limits]
-        if not keys or len(keys) != len(limits):
-            raise ValueError(f'acquire needs keys and one limit per key, got {len(keys)} keys and '
-                             f'{len(limits)} limits')
-        if not_after_ms is None:
-            not_after_ms = get_not_after_ms()
-        args = [token, int(lease_ms), '1' if force else '0', int(not_after_ms), *limits,
-                *(hold_field(key) for key in keys)]
-        result = self.operate(self.run_script, 'acquire', [*keys, expired_key(), holds_key()], args)
-        if int(result[0]) == -1:
-            raise redis.TimeoutError(LATE_ACQUIRE)
-        lanes = len(keys)
-        holds = tuple(None if int(hold) < 0 else int(hold) for hold in result[2 + lanes:2 + 2 * lanes])
-        return Acquired(taken=bool(int(result[0])), counts=tuple(int(count) for count in result[2:2 + lanes]),
-                        acquired_ms=int(result[1]), holds=holds)
-
+    @verb('renewal')
     def renew(self, keys, token, lease_ms):
         """Move every lease of `token` to expire `lease_ms` ms from now, only if all are held; return held."""
-        keys = list(keys)
-        if not keys:
-            raise ValueError('renew needs at least one key')
-        return int(self.operate(self.run_script, 'renew', keys, [token, int(lease_ms)]))
+        return self.ops.renew(keys, token, lease_ms)
 
+    @verb('release', undo=RELEASE_LATER)
     def release(self, keys, token, acquired_ms=0, ran=None):
-        """Remove the leases of `token`; return how many were removed (0 on a second release).
+        """Remove the leases of `token` (measuring each lane's hold and, with `ran`, the run); how many."""
+        return self.ops.release(keys, token, acquired_ms, ran)
 
-        With `acquired_ms` (Redis's clock at the acquire, Acquired.acquired_ms), each lane whose lease this
-        removed measures how long it was held; with `ran` (queue, run_ms), the queue measures how long the
-        call ran. Both in the release's own script: no round trip of their own.
-        """
-        keys = list(keys)
-        if not keys and ran is None:
-            return 0
-        return int(self.operate(self.run_script, 'release', *release_call(keys, token, acquired_ms, ran)))
-
+    @verb('release', undo=RELEASE_LATER)
     def release_and_end(self, keys, token, acquired_ms=0, ran=None, notice=None, work=None):
-        """A run's end in one round trip: `release`, then PUBLISH `notice` ((channel, message)) when given,
-        then `end_work(*work)` when given, pipelined, so the pool process waits on Redis once where it
-        waited three times (docs/benchmarks.md, section 10).
+        """A run's end in one round trip (capacity.operations.Operations.release_and_end): an Ended. A
+        release that failed alone is sent again later, as any release; a notice that didn't go is the
+        caller's to send."""
+        ended = self.ops.release_and_end(keys, token, acquired_ms, ran, notice, work)
+        if isinstance(ended.removed, Exception):
+            failopen.record(ended.removed, 'release', self)
+            self.releases.defer(keys, token)
+        return ended
 
-        Returns (removed, published, joined): each what its own command returned (`joined` as end_work's),
-        or the exception it raised instead (an error in one doesn't undo the others). The pipeline failing
-        as a whole (no answer in time) raises, and then any of them may have run.
-        """
-        return self.operate(self._run_end, list(keys), token, acquired_ms, ran, notice, work)
-
-    def _run_end(self, client, keys, token, acquired_ms, ran, notice, work):
-        """The pipeline of `release_and_end` on `client`. EVALSHA alone: a script Redis doesn't have (after a
-        restart or SCRIPT FLUSH) is run again on its own, which loads it (a second round trip, rarely)."""
-        steps = {}  # what -> (script name or None, keys, args), in the pipeline's order
-        if keys or ran is not None:
-            steps['removed'] = ('release', *release_call(keys, token, acquired_ms, ran))
-        if notice is not None:
-            steps['published'] = (None, [], list(notice))
-        if work is not None:
-            claim_key, work_token, pointer_key, pointer_ms, joined_key = work
-            steps['joined'] = ('unclaim', [claim_key, pointer_key, joined_key], [work_token, int(pointer_ms)])
-        pipe = client.pipeline(transaction=False)
-        for name, step_keys, args in steps.values():
-            if name is None:
-                pipe.publish(*args)
-            else:
-                pipe.evalsha(self.script(name).sha, len(step_keys), *step_keys, *args)
-        answers = dict(zip(steps, pipe.execute(raise_on_error=False)))
-        for what, (name, step_keys, args) in steps.items():
-            if isinstance(answers[what], redis.exceptions.NoScriptError):
-                try:
-                    answers[what] = self.run_script(client, name, step_keys, args)
-                except redis.RedisError as ex:
-                    answers[what] = ex
-        removed, published, joined = (answers.get(what) for what in ('removed', 'published', 'joined'))
-        if not isinstance(removed, Exception):
-            removed = int(removed or 0)
-        if joined is not None and not isinstance(joined, Exception):
-            joined = bool(int(joined[1]))
-        return removed, published, joined
-
+    @verb('count')
     def count(self, keys):
         """Each lane's unexpired leases, in `keys` order (nothing is pruned)."""
-        keys = list(keys)
-        if not keys:
-            return []
-        return [int(count) for count in self.operate(self.run_script, 'count', keys, [])]
+        return self.ops.count(keys)
 
-    def unclaim(self, key, token, pointer_key=None, pointer_ms=0):
-        """Delete the claim `key` if `token` still holds it (True when it did); with `pointer_key` and
-        `pointer_ms` > 0, also point `pointer_key` at `token` for that long, in the same script."""
-        keys, args = [key], [token]
-        if pointer_key is not None:
-            keys, args = [key, pointer_key], [token, int(pointer_ms)]
-        return bool(int(self.operate(self.run_script, 'unclaim', keys, args)))
+    @verb('lease probe')
+    def counted(self, keys, token):
+        """Whether any lane of `keys` still counts `token` (an unexpired lease by Redis's clock). Reads only."""
+        now_ms, scores = self.ops.scores(keys, token)
+        return any(score is not None and float(score) > now_ms for score in scores)
 
-    def end_work(self, key, token, pointer_key, pointer_ms, joined_key):
-        """`unclaim` for a leader that ended, which also takes its joined mark (`joined_key`) away: True
-        when a call had marked it (joined the work), in the same script."""
-        removed, joined = self.operate(self.run_script, 'unclaim', [key, pointer_key, joined_key],
-                                       [token, int(pointer_ms)])
-        return bool(int(joined))
-
+    @verb('key scan')
     def find_keys(self, lane):
         """Every key of a lane that has parts (e.g. each host's api_heavy_task key), sorted."""
-        return self.call(self.run_scan, lane_pattern(lane))
+        return self.ops.find_keys(lane)
 
+    # --- claims: one request does a piece of work for everyone (shared work, Idempotency-Keys)
+
+    @verb('claim')
+    def claim(self, key, token, ms):
+        """Take the claim `key` for `token` for `ms` ms unless another holds it; True when taken."""
+        return self.ops.claim(key, token, ms)
+
+    @verb('unclaim')
+    def unclaim(self, key, token, pointer_key=None, pointer_ms=0):
+        """Give up the claim `key` if `token` holds it (True when it did); with `pointer_key`, point it at
+        `token` for `pointer_ms` ms in the same script."""
+        return self.ops.unclaim(key, token, pointer_key, pointer_ms)
+
+    @verb('claim keep')
+    def keep(self, key, seconds):
+        """Keep the claim `key` for `seconds` s from now; True when it existed."""
+        return self.ops.keep(key, seconds)
+
+    @verb('claim read')
+    def read(self, *keys):
+        """Who holds each of `keys` (a token, or None)."""
+        return self.ops.read(*keys)
+
+    # --- measurements and counters
+
+    @verb('hold read')
     def holds(self):
-        """{field: mean ms} of every measurement in the hold-time hash (capacity.keys.hold_field and
-        run_field name them), without the sample counts."""
-        raw = self.command('hgetall', holds_key())
-        means = {}
-        for name, value in raw.items():
-            name = name.decode() if isinstance(name, bytes) else name
-            if '|' not in name:
-                means[name] = int(value)
-        return means
+        """{field: mean ms} of every measured hold and run time (capacity.keys.hold_field, run_field)."""
+        return self.ops.holds()
 
+    @verb('hold read')
+    def hold(self, field_name):
+        """One measured mean in ms (capacity.keys.run_field: a queue's run time), None when unmeasured."""
+        return self.ops.hold(field_name)
+
+    @verb('expired read')
     def expired_total(self):
-        """How many leases acquire found expired (never released) since the counter began."""
-        return int(self.command('get', expired_key()) or 0)
+        """Leases acquire found expired without a release, since the counter began."""
+        return self.ops.expired_total()
+
+    @verb('counters read')
+    def counters(self):
+        """{field: count} of the event counters (capacity.counters)."""
+        return self.ops.counters()
+
+    @verb('counters')
+    def add_counts_later(self, take):
+        """Queue one job on the Redis thread that adds what `take()` returns when it runs ({field: n}) to the
+        event counters; True when queued. Never waits: a call's counters never cost it anything."""
+        self.runner.thread.submit(self._add_counts, take)
+        return True
+
+    def _add_counts(self, take):
+        counts = take()
+        if counts:
+            self.ops.add_counts(counts)
+
+    def command(self, name, *args, **kwargs):
+        """One plain Redis command within the deadline, raising (kept for the call sites the workers'
+        redesign replaces with verbs)."""
+        return self.ops._command(name, *args, **kwargs)
+
+    def end_work(self, key, token, pointer_key, pointer_ms, joined_key):
+        """Give up a work's claim, set its warm pointer and take its joined mark (kept for the workers'
+        redesign); whether the mark was there."""
+        self.ops.unclaim(key, token, pointer_key, pointer_ms)
+        return bool(self.ops._command('delete', joined_key))
+
+    def probe(self):
+        """PING within the deadline, whatever the skip window says: True when Redis answered (which closes
+        the window), else Unknown with the error (readiness, and the next look at a Redis that failed)."""
+        try:
+            self.ops.ping()
+        except Exception as ex:  # noqa: BLE001 - a probe's failure is its answer
+            return Unknown(failopen.describe(ex))
+        self.unavailable_until = 0.0
+        return True
 
 
 _stores = PerProcess(LaneStore)

@@ -8,20 +8,17 @@
 --
 -- KEYS[1]  the claim's key
 -- KEYS[2]  the pointer's key (optional)
--- KEYS[3]  the token's joined mark (optional, with KEYS[2]): set by every call that joined the token's work
 -- ARGV[1]  token     the holder's token
 -- ARGV[2]  pointer_ms  how long the pointer lives (with KEYS[2]); 0: no pointer
 --
 -- Returns 1 when the claim was this token's and is now gone, 0 when another holds it or nobody does (it
 -- expired, or its holder gave it up already): a holder never removes a claim someone else took since. The
--- pointer is set either way (it says this token's work succeeded, whoever holds the claim now). With
--- KEYS[3], returns {removed, joined} instead: joined is 1 when the mark was there, and the mark is deleted
--- (the ended holder then looks for the calls that joined it; with 0 it needn't).
+-- pointer is set either way (it says this token's work succeeded, whoever holds the claim now).
 
 local token = ARGV[1]
 local pointer_ms = tonumber(ARGV[2] or '0')
-if #KEYS < 1 or #KEYS > 3 or #ARGV ~= math.min(#KEYS, 2) then
-  return redis.error_reply('unclaim: expected KEYS claim [pointer [joined]] and ARGV token [pointer_ms]')
+if #KEYS < 1 or #KEYS > 2 or #ARGV ~= #KEYS then
+  return redis.error_reply('unclaim: expected KEYS claim [pointer] and ARGV token [pointer_ms]')
 end
 
 local removed = 0
@@ -35,8 +32,5 @@ if #KEYS >= 2 then
   if pointer_ms > 0 then
     redis.call('SET', KEYS[2], token, 'PX', math.floor(pointer_ms))
   end
-end
-if #KEYS == 3 then
-  return {removed, redis.call('DEL', KEYS[3])}
 end
 return removed

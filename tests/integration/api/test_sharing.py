@@ -7,6 +7,7 @@ import pytest
 
 from capacity.constants import HEADER_DECISION, HEADER_LIMIT, Lane
 from capacity.keys import lane_key
+from capacity.operations import Operations
 from capacity.store import LaneStore
 from concepts.models import Source
 from tests.integration.api.test_submission import MANY, match, user_leases
@@ -101,7 +102,7 @@ def test_a_warm_result_answers_without_the_lane_store_until_the_ttl_or_a_new_ver
     cold = same(client, tiny_source, HTTP_PREFER='wait=30')
     assert cold.status_code == 200 and cold[HEADER_DECISION] == 'admitted'
     other = api_as(make_user())
-    with mock.patch.object(LaneStore, 'acquire', side_effect=AssertionError('the lane store was used')):
+    with mock.patch.object(Operations, 'acquire', side_effect=AssertionError('the lane store was used')):
         warm = same(other, tiny_source, HTTP_PREFER='wait=30')
         handle = same(other, tiny_source)  # respond-async: a handle already succeeded
     assert warm.status_code == 200 and warm[HEADER_DECISION] == 'cached'

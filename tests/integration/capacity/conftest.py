@@ -65,9 +65,10 @@ def gates():
 
 @pytest.fixture
 def store(redis_client):
-    """A LaneStore on this test's backend (fakeredis or the real Redis; `redis_client` deletes the keys)."""
+    """The operations of a LaneStore on this test's backend (fakeredis or the real Redis; `redis_client`
+    deletes the keys): the raising layer under the store's verbs (capacity.operations)."""
     made = use_store(LaneStore(redis_client))
-    yield made
+    yield made.ops
     use_store(None)
 
 
@@ -171,4 +172,4 @@ def lanes_at(settings):
     yield point
     use_store(None)
     for store in made:
-        store.client.close()
+        store.runner.client.close()

@@ -14,6 +14,7 @@ from capacity.admission import headers, log_record, refusal_body
 from capacity.caller import RequestFacts
 from capacity.constants import Decision, Lane
 from capacity.keys import holds_key, lane_key
+from capacity.operations import Operations
 from capacity.store import LaneStore, get_store
 
 pytestmark = pytest.mark.usefixtures('lanes')
@@ -231,7 +232,7 @@ def test_a_queued_call_holds_its_leases_until_its_queue_deadline(make_user, gate
 def test_redis_failure_fails_open_and_skips_redis_for_a_while(make_user, gates):
     user = make_user()
     broken = mock.Mock(side_effect=redis.ConnectionError('refused'))
-    with mock.patch.object(LaneStore, 'acquire', broken):
+    with mock.patch.object(Operations, 'acquire', broken):
         gate = gates(user)
         assert gate.decision == Decision.UNAVAILABLE and not gate.holding
         assert gate.error == 'ConnectionError: refused'
@@ -250,7 +251,7 @@ HEADERS_WITHOUT_COUNTS = {'X-OCL-Capacity-Decision', 'X-OCL-Capacity-Limit', 'X-
 
 
 def test_an_acquire_that_redis_runs_too_late_takes_no_lease(make_user, gates, lanes):
-    with mock.patch('capacity.store.get_not_after_ms', return_value=int(time.time() * 1000) - 10_000):
+    with mock.patch('capacity.operations.get_not_after_ms', return_value=int(time.time() * 1000) - 10_000):
         gate = gates(make_user())
     assert gate.decision == Decision.UNAVAILABLE and not gate.holding
     assert 'no lease was taken' in gate.error
@@ -286,7 +287,7 @@ def test_an_unexpected_error_fails_open(make_user, gates):
 
 def test_off_mode_does_nothing(make_user, gates, configure):
     configure(mode='off')
-    with mock.patch.object(LaneStore, 'acquire') as acquire:
+    with mock.patch.object(Operations, 'acquire') as acquire:
         gate = gates(make_user())
     acquire.assert_not_called()
     assert gate.decision is None and headers(gate) == {} and log_record(gate) is None
@@ -350,7 +351,7 @@ def test_status(make_user, gates, settings):
         'users': {str(preview.pk): {'in_flight': 1}, str(core.pk): {'in_flight': 1}},
         'leases_expired_total': 0,
     }
-    with mock.patch.object(LaneStore, 'find_keys', side_effect=redis.ConnectionError('down')):
+    with mock.patch.object(Operations, 'find_keys', side_effect=redis.ConnectionError('down')):
         broken = get_status(get_config())
     assert broken['redis'] == 'ConnectionError: down' and 'api_heavy' not in broken
 

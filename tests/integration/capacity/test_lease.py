@@ -12,6 +12,7 @@ from capacity.releases import DeferredReleases
 from capacity.constants import Lane
 from capacity.keys import lane_key
 from capacity.lease import Lease, LeaseRenewer
+from capacity.operations import Ended, Operations
 from capacity.store import LaneStore, get_store
 
 pytestmark = pytest.mark.usefixtures('lanes')
@@ -109,11 +110,11 @@ def test_the_renewer_stops_once_a_lease_is_lost(lanes):
 
 def test_a_failed_release_or_renewal_is_recorded_not_raised(lanes):
     lease = held_lease(lanes)
-    with mock.patch.object(LaneStore, 'renew', side_effect=redis.TimeoutError('slow')):
+    with mock.patch.object(Operations, 'renew', side_effect=redis.TimeoutError('slow')):
         assert not lease.renew()
     assert lease.error == 'TimeoutError: slow' and not get_store().is_available()
     get_store().unavailable_until = 0
-    with mock.patch.object(LaneStore, 'release', side_effect=redis.ConnectionError('gone')):
+    with mock.patch.object(Operations, 'release', side_effect=redis.ConnectionError('gone')):
         lease.release()
     assert lease.error == 'ConnectionError: gone' and not get_store().is_available()
 
@@ -123,12 +124,12 @@ def test_renewal_and_release_skip_redis_after_it_failed_and_the_release_is_sent_
     store = get_store()
     store.mark_unavailable()
     callers = []
-    real_release = store.release
+    real_release = store.ops.release
 
-    def release(keys, token):
+    def release(keys, token, *measures):
         callers.append(threading.current_thread().name)
-        return real_release(keys, token)
-    with mock.patch.object(LaneStore, 'renew') as renew, mock.patch.object(store, 'release', side_effect=release):
+        return real_release(keys, token, *measures)
+    with mock.patch.object(Operations, 'renew') as renew, mock.patch.object(store.ops, 'release', side_effect=release):
         assert not lease.renew()
         lease.release()
         assert lease.error == failopen.RELEASE_DEFERRED
@@ -142,15 +143,15 @@ def test_renewal_and_release_skip_redis_after_it_failed_and_the_release_is_sent_
 def test_a_release_that_failed_is_sent_again_once_redis_answers(lanes, settings):
     settings.CAPACITY_REDIS_RETRY_SECONDS = 0.3
     lease = held_lease(lanes)
-    real_release = get_store().release
+    real_release = get_store().ops.release
     calls = []
 
-    def flaky(keys, token, **measures):
+    def flaky(keys, token, *measures):
         calls.append(token)
         if len(calls) == 1:
             raise redis.ConnectionError('gone')
-        return real_release(keys, token, **measures)
-    with mock.patch.object(LaneStore, 'release', side_effect=flaky):
+        return real_release(keys, token, *measures)
+    with mock.patch.object(Operations, 'release', side_effect=flaky):
         lease.release()
         assert lease.error == 'ConnectionError: gone' and not get_store().is_available()
         wait_for(lambda: not any(lanes.zscore(key, 'tok') for key in lease.keys), 3)
@@ -159,26 +160,23 @@ def test_a_release_that_failed_is_sent_again_once_redis_answers(lanes, settings)
 
 def test_a_release_with_the_end_gives_the_leases_back_once_and_sends_the_rest_with_them(lanes):
     lease = held_lease(lanes)
-    sent = lease.release_and_end(ran=('es2_knn', 10), notice=('notice-lease-test', 'succeeded'))
-    assert sent.published and sent.joined is None
+    assert lease.release_and_end(ran=('es2_knn', 10), notice=('notice-lease-test', 'succeeded'))
     assert not any(lanes.zscore(key, 'tok') for key in lease.keys)
     get_store().acquire(lease.keys, [9, 9], 'tok', 60_000, force=False)  # as if taken again since
-    again = lease.release_and_end(notice=('notice-lease-test', 'succeeded'))
-    assert again.published
+    assert lease.release_and_end(notice=('notice-lease-test', 'succeeded'))
     assert all(lanes.zscore(key, 'tok') for key in lease.keys)  # a lease goes back once
 
 
 def test_a_release_with_the_end_that_fails_is_sent_again_and_says_nothing_was_announced(lanes, settings):
     settings.CAPACITY_REDIS_RETRY_SECONDS = 0.3
     lease = held_lease(lanes)
-    with mock.patch.object(LaneStore, 'release_and_end', side_effect=redis.ConnectionError('gone')):
-        sent = lease.release_and_end(notice=('notice-lease-test', 'succeeded'))
-    assert not sent.published and sent.joined is None
+    with mock.patch.object(Operations, 'release_and_end', side_effect=redis.ConnectionError('gone')):
+        assert not lease.release_and_end(notice=('notice-lease-test', 'succeeded'))
     assert lease.error == 'ConnectionError: gone' and not get_store().is_available()
     wait_for(lambda: not any(lanes.zscore(key, 'tok') for key in lease.keys), 3)  # the deferred release
     skipped = held_lease(lanes, token='tok-2')
     get_store().mark_unavailable()
-    assert not skipped.release_and_end(notice=('notice-lease-test', 'x')).published
+    assert not skipped.release_and_end(notice=('notice-lease-test', 'x'))
     assert skipped.error == failopen.RELEASE_DEFERRED
     wait_for(lambda: not any(lanes.zscore(key, 'tok-2') for key in skipped.keys), 3)
 
@@ -186,14 +184,13 @@ def test_a_release_with_the_end_that_fails_is_sent_again_and_says_nothing_was_an
 def test_a_release_with_the_end_whose_release_alone_fails_still_announces(lanes, settings):
     settings.CAPACITY_REDIS_RETRY_SECONDS = 0.3
     lease = held_lease(lanes)
-    real = LaneStore.release_and_end
+    real = Operations.release_and_end
 
-    def release_refused(store, keys, token, **rest):
-        removed, published, joined = real(store, [], token, **rest)
-        return redis.ResponseError('release refused'), published, joined
-    with mock.patch.object(LaneStore, 'release_and_end', release_refused):
-        sent = lease.release_and_end(notice=('notice-lease-test', 'succeeded'))
-    assert sent.published
+    def release_refused(ops, keys, token, *rest):
+        ended = real(ops, [], token, *rest)
+        return Ended(redis.ResponseError('release refused'), ended.published, ended.unclaimed)
+    with mock.patch.object(Operations, 'release_and_end', release_refused):
+        assert lease.release_and_end(notice=('notice-lease-test', 'succeeded'))
     assert lease.error == 'ResponseError: release refused'
     wait_for(lambda: not any(lanes.zscore(key, 'tok') for key in lease.keys), 3)  # sent again
 
@@ -211,12 +208,12 @@ def test_deferred_releases_are_bounded_and_merge_the_keys_of_one_token(monkeypat
 
 def test_an_acquire_whose_answer_never_came_is_released_once_redis_answers(lanes, make_user, db):
     from capacity import gate
-    real_acquire = get_store().acquire
+    real_acquire = get_store().ops.acquire
 
     def lost(keys, limits, token, lease_ms, force, not_after_ms=None):
         real_acquire(keys, limits, token, lease_ms, force)  # Redis ran it...
         raise redis.TimeoutError('Timeout reading from socket')  # ...but the answer never came
-    with mock.patch.object(get_store(), 'acquire', side_effect=lost):
+    with mock.patch.object(get_store().ops, 'acquire', side_effect=lost):
         admission = gate.admit(make_user(), endpoint='$match', rows=2, semantic=True)
     assert admission.decision == 'unavailable' and not admission.holding
     wait_for(lambda: not any(lanes.zcard(key) for key in admission.keys), 3)

@@ -1,7 +1,8 @@
 """The lane store's contract, run on fakeredis (real Lua through lupa) and on the real Redis.
 
-Every test goes through the LaneStore (its Redis thread, its scripts) with the `store` fixture, and reads
-Redis directly with the same client to check what the scripts left behind.
+Every test goes through the store's operations (capacity.operations: its runner, its scripts; the raising
+layer under the fail-open verbs) with the `store` fixture, and reads Redis directly with the same client to
+check what the scripts left behind.
 """
 import fakeredis
 import pytest
@@ -11,7 +12,8 @@ from capacity.constants import Lane
 from capacity.keys import (
     expired_key, hold_field, holds_key, lane_id, lane_key, run_field, warm_key, work_claim_key,
 )
-from capacity.store import LATE_ACQUIRE, Acquired, LaneStore, get_store, use_store
+from capacity.operations import LATE_ACQUIRE, Acquired, Ended
+from capacity.store import LaneStore, get_store, use_store
 
 LEASE_MS = 60_000
 
@@ -214,29 +216,14 @@ def test_unclaim_removes_a_claim_only_for_its_holder_and_can_leave_a_pointer(sto
     assert store.unclaim(claim, 'call-3', warm_key('w2'), 0) is False
     assert redis_client.exists(warm_key('w2')) == 0  # no pointer for 0 ms
     with pytest.raises(redis.ResponseError, match='pointer_ms'):
-        store.operate(store.run_script, 'unclaim', [claim, pointer], ['call-2', -1])
-
-
-def test_end_work_gives_up_the_claim_and_takes_the_joined_mark_away(store, redis_client):
-    from capacity.keys import joined_key
-    claim, pointer, mark = work_claim_key('w3'), warm_key('w3'), joined_key('call-4')
-    redis_client.set(claim, 'call-4', px=LEASE_MS)
-    assert store.end_work(claim, 'call-4', pointer, 1500, mark) is False  # nobody joined
-    assert redis_client.get(claim) is None and redis_client.get(pointer) == b'call-4'
-    redis_client.set(claim, 'call-4', px=LEASE_MS)
-    redis_client.set(mark, 1, px=LEASE_MS)
-    assert store.end_work(claim, 'call-4', pointer, 0, mark) is True
-    assert redis_client.exists(mark) == 0 and redis_client.get(claim) is None
-    assert store.end_work(claim, 'call-4', pointer, 0, mark) is False  # a second time: the mark is gone
+        store.runner.operate(store.run_script, 'unclaim', [claim, pointer], ['call-2', -1])
 
 
 def test_release_and_end_releases_announces_and_ends_the_work_in_one_round_trip(store, redis_client):
-    from capacity.keys import joined_key
     keys = call_keys()
-    claim, pointer, mark = work_claim_key('w5'), warm_key('w5'), joined_key('call-1')
+    claim, pointer = work_claim_key('w5'), warm_key('w5')
     store.acquire(keys, [4, 4, 4], 'call-1', LEASE_MS, force=False)
     redis_client.set(claim, 'call-1', px=LEASE_MS)
-    redis_client.set(mark, 1, px=LEASE_MS)
     listener = redis_client.pubsub()
     listener.subscribe('notice-test')
     assert listener.get_message(timeout=1)['type'] == 'subscribe'
@@ -251,33 +238,30 @@ def test_release_and_end_releases_announces_and_ends_the_work_in_one_round_trip(
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(redis.client.Redis, 'pipeline', counted)
         answer = store.release_and_end(keys, 'call-1', ran=('es2_knn', 40), notice=('notice-test', 'succeeded'),
-                                       work=(claim, 'call-1', pointer, 1500, mark))
+                                       work=(claim, 'call-1', pointer, 1500))
     assert sent == [3]  # one pipeline of three commands: one round trip
-    removed, published, joined = answer
-    assert removed == 3 and joined is True
-    assert published == 1  # PUBLISH answers how many heard it
+    assert answer == Ended(removed=3, published=1, unclaimed=1)  # PUBLISH answers how many heard it
     assert store.count(keys) == [0, 0, 0] and store.holds()[run_field('es2_knn')] == 40
-    assert redis_client.get(claim) is None and redis_client.exists(mark) == 0
+    assert redis_client.get(claim) is None
     assert redis_client.get(pointer) == b'call-1'
     assert listener.get_message(timeout=1)['data'] == b'succeeded'
     listener.close()
     # Nothing left to release and no work: the notice alone (PUBLISH answers how many heard it).
-    assert store.release_and_end([], 'call-1', notice=('notice-test', 'x')) == (0, 0, None)
+    assert store.release_and_end([], 'call-1', notice=('notice-test', 'x')) == Ended(published=0)
 
 
 def test_release_and_end_loads_a_script_redis_lost_and_reports_a_failed_step_alone(store, redis_client):
-    from capacity.keys import joined_key
     keys = call_keys()
     store.acquire(keys, [4, 4, 4], 'call-1', LEASE_MS, force=False)
     redis_client.script_flush()  # as after a restart: EVALSHA finds neither script
-    claim, mark = work_claim_key('w6'), joined_key('call-1')
-    removed, published, joined = store.release_and_end(keys, 'call-1', work=(claim, 'call-1', warm_key('w6'), 0, mark))
-    assert (removed, published, joined) == (3, None, False)
+    claim = work_claim_key('w6')
+    ended = store.release_and_end(keys, 'call-1', work=(claim, 'call-1', warm_key('w6'), 0))
+    assert ended == Ended(removed=3, unclaimed=0)
     assert store.count(keys) == [0, 0, 0]
     redis_client.hset(claim, 'x', 1)  # GET on a hash is a WRONGTYPE error: only the work step fails
     store.acquire(keys, [4, 4, 4], 'call-2', LEASE_MS, force=False)
-    removed, published, joined = store.release_and_end(keys, 'call-2', work=(claim, 'call-2', warm_key('w6'), 0, mark))
-    assert removed == 3 and isinstance(joined, redis.ResponseError)
+    ended = store.release_and_end(keys, 'call-2', work=(claim, 'call-2', warm_key('w6'), 0))
+    assert ended.removed == 3 and isinstance(ended.unclaimed, redis.ResponseError)
 
 
 def test_count_ignores_expired_leases_and_changes_nothing(store, redis_client):
@@ -326,7 +310,7 @@ def test_a_script_redis_no_longer_has_is_loaded_again(key_prefix):
     use_store(LaneStore(client))
     try:
         key = lane_key(Lane.API_HEAVY)
-        store = get_store()
+        store = get_store().ops
         store.acquire([key], [4], 'call-1', LEASE_MS, force=False)
         client.script_flush()
         assert store.acquire([key], [4], 'call-2', LEASE_MS, force=False) == Acquired(True, (1,))
@@ -347,11 +331,11 @@ def test_calls_that_make_no_sense_are_refused_before_they_take_anything(store, r
     assert store.count([]) == []
     # The script checks its own arguments too: a lease of 0 ms would be a lease that never counts.
     with pytest.raises(redis.ResponseError, match='lease_ms > 0'):
-        store.operate(store.run_script, 'acquire', [key, expired_key(), holds_key()],
+        store.runner.operate(store.run_script, 'acquire', [key, expired_key(), holds_key()],
                       ['call-1', 0, '0', 2**50, 4, 'api_heavy'])
     with pytest.raises(redis.ResponseError, match='one limit and one hold field per lane'):
-        store.operate(store.run_script, 'acquire', [key, expired_key(), holds_key()],
+        store.runner.operate(store.run_script, 'acquire', [key, expired_key(), holds_key()],
                       ['call-1', LEASE_MS, '0', 2**50, 4])
     with pytest.raises(redis.ResponseError, match='0 < weight <= 1'):
-        store.operate(store.run_script, 'release', [key, holds_key()], ['call-1', 0, 0, '', 0, 'api_heavy'])
+        store.runner.operate(store.run_script, 'release', [key, holds_key()], ['call-1', 0, 0, '', 0, 'api_heavy'])
     assert not redis_client.exists(key)

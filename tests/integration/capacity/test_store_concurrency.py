@@ -6,7 +6,7 @@ import redis
 
 from capacity.constants import Lane
 from capacity.keys import expired_key, hold_field, holds_key, lane_key
-from capacity.store import read_script
+from capacity.operations import read_script
 from tests.conftest import REDIS_URL
 
 THREADS, ROUNDS, LIMIT, LEASE_MS = 32, 50, 3, 60_000

@@ -9,7 +9,8 @@ import redis
 
 from capacity.constants import Lane
 from capacity.keys import lane_key
-from capacity.store import LATE_ACQUIRE, Acquired, get_store
+from capacity.operations import LATE_ACQUIRE, Acquired
+from capacity.store import get_store
 from tests.integration.workers.conftest import wait_until
 
 pytestmark = pytest.mark.slow
@@ -41,7 +42,7 @@ def test_a_stopped_redis_costs_a_call_at_most_the_deadline(own_redis, lanes_at, 
     assert get_store().count([key]) == [0]  # connected, scripts loaded
     own_redis.pause()
     try:
-        error, elapsed = timed(get_store().acquire, [key], [4], 'call-1', LEASE_MS, force=False)
+        error, elapsed = timed(get_store().ops.acquire, [key], [4], 'call-1', LEASE_MS, force=False)
     finally:
         own_redis.resume()
     assert isinstance(error, redis.TimeoutError)
@@ -60,11 +61,11 @@ def test_acquires_in_a_hang_cost_the_deadline_and_leave_no_lease_when_redis_runs
     own_redis.pause()
     try:
         # The first says Redis must not run it 100 ms from now; Redis wakes up later than that.
-        first, elapsed_first = timed(get_store().acquire, [key], [4], 'first', LEASE_MS, force=True,
+        first, elapsed_first = timed(get_store().ops.acquire, [key], [4], 'first', LEASE_MS, force=True,
                                      not_after_ms=int(time.time() * 1000) + 100)
         # The second keeps the default guard (deadline + 2 s): whether it reaches Redis depends on the
         # moment (its connection's handshake waits too); if it does, it leases. The gate defers its release.
-        second, elapsed_second = timed(get_store().acquire, [key], [4], 'second', LEASE_MS, force=True)
+        second, elapsed_second = timed(get_store().ops.acquire, [key], [4], 'second', LEASE_MS, force=True)
         get_store().releases.defer([key], 'second')
     finally:
         own_redis.resume()
@@ -72,19 +73,19 @@ def test_acquires_in_a_hang_cost_the_deadline_and_leave_no_lease_when_redis_runs
     assert elapsed_first < deadline + SLACK and elapsed_second < deadline + SLACK
 
     settings.CAPACITY_REDIS_DEADLINE_SECONDS = 5
-    assert get_store().call(lambda: 'drained') == 'drained'  # the thread got past the second's connect
+    assert get_store().runner.call(lambda: 'drained') == 'drained'  # the thread got past the second's connect
     wait_until(lambda: not get_store().releases.pending(), timeout=10, message='the deferred release')
     assert client.zscore(key, 'first') is None  # run late past its guard: it refused itself
     assert client.zcard(key) == 0               # and whatever the second took was given back
     # Redis is back: the next acquire works on the same client.
     assert get_store().acquire([key], [4], 'third', LEASE_MS, force=False) == Acquired(True, (0,))
     with pytest.raises(redis.TimeoutError, match=LATE_ACQUIRE):
-        get_store().acquire([key], [4], 'fourth', LEASE_MS, force=True, not_after_ms=1)
+        get_store().ops.acquire([key], [4], 'fourth', LEASE_MS, force=True, not_after_ms=1)
 
 
 def test_a_server_that_never_answers_costs_a_call_at_most_the_deadline(silent_server, lanes_at, deadline):
     lanes_at(silent_server.port)
-    error, elapsed = timed(get_store().count, [lane_key(Lane.API_HEAVY)])
+    error, elapsed = timed(get_store().ops.count, [lane_key(Lane.API_HEAVY)])
     assert str(error) == 'no answer from Redis within 0.2 s'
     assert elapsed < deadline + SLACK
     assert silent_server.accepted.is_set()  # the hang was after the TCP handshake
@@ -95,7 +96,7 @@ def test_a_socket_timeout_is_not_retried(silent_server, lanes_at, settings):
     settings.CAPACITY_REDIS_TIMEOUT_SECONDS = 0.3
     settings.CAPACITY_REDIS_DEADLINE_SECONDS = 3
     lanes_at(silent_server.port)
-    error, elapsed = timed(get_store().count, [lane_key(Lane.API_HEAVY)])
+    error, elapsed = timed(get_store().ops.count, [lane_key(Lane.API_HEAVY)])
     assert isinstance(error, redis.TimeoutError)
     assert 'no answer from Redis' not in str(error)
     assert 0.3 <= elapsed < 0.55  # a retry would take another 0.3 s
@@ -104,7 +105,7 @@ def test_a_socket_timeout_is_not_retried(silent_server, lanes_at, settings):
 def test_a_sentinel_that_never_answers_costs_a_call_at_most_the_deadline(silent_server, lanes_at, deadline):
     lanes_at(silent_server.port, sentinels=True)
     key = lane_key(Lane.API_HEAVY)
-    error, elapsed = timed(get_store().acquire, [key], [4], 'call-1', LEASE_MS, force=False)
+    error, elapsed = timed(get_store().ops.acquire, [key], [4], 'call-1', LEASE_MS, force=False)
     assert str(error) == 'no answer from Redis within 0.2 s'
     assert elapsed < deadline + SLACK
 
@@ -113,7 +114,7 @@ def test_a_port_nobody_listens_on_fails_at_once(lanes_at, deadline):
     from devstack.processes import free_port
 
     lanes_at(free_port())
-    error, elapsed = timed(get_store().count, [lane_key(Lane.API_HEAVY)])
+    error, elapsed = timed(get_store().ops.count, [lane_key(Lane.API_HEAVY)])
     assert isinstance(error, redis.ConnectionError)
     assert elapsed < deadline
 
@@ -125,9 +126,9 @@ def test_after_a_redis_restart_the_scripts_are_loaded_again(own_redis, lanes_at,
     assert get_store().acquire([key], [4], 'before', LEASE_MS, force=False) == Acquired(True, (0,))
     own_redis.stop()
     own_redis.start()  # same port, empty: no keys, no scripts
-    assert not client.script_exists(get_store().script('acquire').sha)[0]
+    assert not client.script_exists(get_store().ops.script('acquire').sha)[0]
     assert get_store().acquire([key], [4], 'after', LEASE_MS, force=False) == Acquired(True, (0,))
-    assert client.script_exists(get_store().script('acquire').sha)[0]
+    assert client.script_exists(get_store().ops.script('acquire').sha)[0]
 
 
 def test_a_dns_lookup_that_never_returns_costs_the_deadline_once_per_skip_window(

@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from capacity.store import SCRIPTS, read_script
+from capacity.operations import SCRIPTS, read_script
 
 PRELUDE = re.compile(r'^-- prelude .*?^-- end prelude$', re.MULTILINE | re.DOTALL)
 
