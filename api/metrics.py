@@ -16,7 +16,7 @@ from capacity.config import get_config
 from capacity.constants import TIERS
 from capacity.decisions import bulk_limit
 from capacity.status import get_status
-from workers.models import OPEN_STATES, HeavyCall
+from workers.models import OPEN_STATES, Call
 
 PREFIX = 'heavy_lanes'
 
@@ -106,10 +106,10 @@ class HeavyLanesCollector:
 
     def open_calls(self):
         open_calls = gauge('calls_open', 'Calls queued or running, by queue and state.', ['queue', 'state'])
-        rows = HeavyCall.objects.filter(state__in=OPEN_STATES).values('queue', 'state').annotate(
-            n=Count('id')).order_by('queue', 'state')
+        rows = Call.objects.filter(work__state__in=OPEN_STATES, cancelled_at__isnull=True).values(
+            'work__queue', 'work__state').annotate(n=Count('id')).order_by('work__queue', 'work__state')
         for row in rows:
-            open_calls.add_metric([row['queue'], row['state']], row['n'])
+            open_calls.add_metric([row['work__queue'], row['work__state']], row['n'])
         return open_calls
 
 

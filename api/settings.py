@@ -213,6 +213,10 @@ CAPACITY_KEY_PREFIX = os.environ.get('CAPACITY_KEY_PREFIX', 'ocl:capacity')
 HEAVY_LANES_LOCAL_CACHE_SECONDS = env_int('HEAVY_LANES_LOCAL_CACHE_SECONDS', 30)
 # The pub/sub channel those changes are announced on; one per deployment sharing a Redis.
 HEAVY_LANES_INVALIDATION_CHANNEL = os.environ.get('HEAVY_LANES_INVALIDATION_CHANNEL', 'heavy-lanes:invalidate')
+# Identical calls of different users share one run and one warm result (workers.sharing) only when this is
+# on: a user then learns, from a `coalesced` or `cached` answer and its speed, that someone sent the same
+# rows to the same source lately (docs/operations.md). Off, only one user's own identical calls share.
+HEAVY_LANES_SHARE_ACROSS_USERS = env_bool('HEAVY_LANES_SHARE_ACROSS_USERS', False)
 
 # --- The API's serving model: gunicorn's gthread workers, API_THREADS threads per process (docs/architecture.md,
 # "Waiting"). A request waiting for a call's result holds a thread, not a process; at most

@@ -1,9 +1,9 @@
 """The HTTP layer: heavy-call views, task handles, health. Views validate, call a service, and render.
 
-Order inside a heavy call (workers.submission.submit): authentication, permissions, body validation,
-identical work (a warm result or an open call to join: no gate), else the capacity gate, then the DRF rate
-throttles, then usage metering and the queue. A capacity refusal therefore costs no throttle allowance and
-no metered usage.
+Order inside a heavy call (HeavyCallView.submit, each step a call of workers.submission): authentication,
+permissions, body validation, the Idempotency-Key, identical work (a warm result or an open work to join:
+no gate), else the capacity gate, then the rate limit, then usage metering and the queue. A capacity
+refusal therefore costs no rate-limit allowance and no metered usage.
 """
 from contextlib import nullcontext
 
@@ -22,8 +22,8 @@ from capacity.caller import RequestFacts
 from capacity.config import get_config
 from capacity.constants import MATCH, RERANK
 from common import ratelimit
-from workers import lifecycle, submission
-from workers.models import HeavyCall, State
+from workers import idempotency, lifecycle, submission
+from workers.models import Call, State
 
 TRUTHY = ('true', '1', 'yes', 'on')
 MAX_POLL_SECONDS = 30
@@ -72,28 +72,28 @@ def handle_body(call, progress_now=None):
     """The 202 body: a handle to poll, with when the call should start and finish. `lane` is the call's
     queue (the name clients already read)."""
     progress_now = progress_now or lifecycle.progress(call)
-    return {'id': call.pk, 'state': call.seen_state, 'endpoint': call.endpoint, 'lane': call.queue,
-            'url': task_url(call.pk), 'created_at': call.created_at,
+    return {'id': call.pk, 'state': lifecycle.seen(call, call.work).state, 'endpoint': call.endpoint,
+            'lane': call.work.queue, 'url': task_url(call.pk), 'created_at': call.created_at,
             'estimated_start_at': progress_now.start_at, 'estimated_finish_at': progress_now.finish_at}
 
 
 def task_body(call, progress_now=None):
     """GET /tasks/<id>/: state, timings, position while queued, when it should start and finish while
     unfinished (null when unknown, or once it did), result or error once finished. A call that shares its
-    work with others (workers.sharing) shows that work's progress and result, as its own; one its owner
-    cancelled while others share the work shows `cancelled` from then on."""
-    state = call.seen_state
+    work with others (workers.sharing) shows that work's progress and result, as its own
+    (workers.lifecycle.seen); one its owner cancelled shows `cancelled` from then on."""
+    seen = lifecycle.seen(call, call.work)
     progress_now = progress_now or lifecycle.progress(call)
-    body = {'id': call.pk, 'state': state, 'endpoint': call.endpoint, 'lane': call.queue,
-            'url': task_url(call.pk), 'created_at': call.created_at, 'started_at': call.started_at,
-            'finished_at': call.detached_at or call.finished_at,
+    body = {'id': call.pk, 'state': seen.state, 'endpoint': call.endpoint, 'lane': call.work.queue,
+            'url': task_url(call.pk), 'created_at': call.created_at, 'started_at': seen.started_at,
+            'finished_at': seen.finished_at,
             'estimated_start_at': progress_now.start_at, 'estimated_finish_at': progress_now.finish_at}
-    if state == State.QUEUED:
+    if seen.state == State.QUEUED:
         body['position'] = progress_now.position
-    if state == State.SUCCEEDED:
+    if seen.state == State.SUCCEEDED:
         body['result'] = lifecycle.result(call)
-    if state in (State.FAILED, State.CANCELLED, State.EXPIRED):
-        body['error'] = lifecycle.error_of(call)
+    if seen.error is not None:
+        body['error'] = seen.error
     return body
 
 
@@ -210,42 +210,65 @@ class HeavyCallView(APIView):
         return False, False
 
     def submit(self, request, body, semantic, reranker):
+        """Serve one heavy call, step by step in the order the limits apply (workers.submission)."""
         config = get_config()
         facts = RequestFacts.from_meta(request.META)
         preferences = prefer.parse(request.headers.get('Prefer'))
         wait = preferences.seconds(config.wait.default_seconds, config.wait.max_seconds)
         heavy = submission.prepare(request.user, self.endpoint, body, semantic=semantic, reranker=reranker,
                                    idempotency_key=idempotency_key(request), waits=wait > 0, facts=facts)
-        # Watched before it is published: its end's notice can't come before the watch (workers.notify).
+        # Watched before its work is published: the end's notice can't come before the watch (workers.notify).
         with lifecycle.watching(heavy.call_id) if wait > 0 else nullcontext() as watch:
             try:
-                with submission.claimed(heavy) as claim:  # this Idempotency-Key's call: before, or racing us
+                with idempotency.claimed(heavy) as claim:  # this Idempotency-Key's call: before, or racing us
                     call = claim.earlier
                     if call is None:
-                        try:
-                            call, self.admission = submission.submit(heavy, self.check_rate_limits)
-                        except submission.BrokerUnavailable as ex:
-                            raise errors.ServiceUnavailable(str(ex)) from ex
+                        call = self.serve(heavy)
                         claim.made(call)
-                if call is None:
-                    return Response(refusal_body(self.admission), status=status.HTTP_429_TOO_MANY_REQUESTS)
-            except submission.IdempotencyConflict as ex:
+            except idempotency.IdempotencyConflict as ex:
                 raise errors.Unprocessable(str(ex)) from ex
-            return self.answer(call, wait, preferences, facts, watch if call.pk == heavy.call_id else None)
+            if call is None:
+                return Response(refusal_body(self.admission), status=status.HTTP_429_TOO_MANY_REQUESTS)
+            own = call.pk == heavy.call_id  # else this Idempotency-Key's earlier call (no capacity headers)
+            self.admission = lifecycle.admission_of(call) if own else None
+            return self.answer(call, wait, preferences, facts, watch if call.work_id == heavy.call_id else None)
+
+    def serve(self, heavy):
+        """The call of `heavy`: shared work, else the gate, the rate limit and the queue, in that order;
+        None when the gate refused it (its admission is `self.admission`)."""
+        rate_limited = False
+        found = submission.shared(heavy)
+        if found is not None:
+            self.check_rate_limits()
+            rate_limited = True
+            call = submission.attach(heavy, found)
+            if call is not None:
+                return call  # it joined an open work, or a warm result answered it
+        admission = submission.admit(heavy)
+        if admission.refused:
+            self.admission = admission
+            return None
+        if not rate_limited:
+            with submission.holding(admission):  # a rate-limit refusal gives the leases back
+                self.check_rate_limits()
+        try:
+            return submission.enqueue(heavy, admission)
+        except submission.BrokerUnavailable as ex:
+            raise errors.ServiceUnavailable(str(ex)) from ex
 
     def answer(self, call, wait, preferences, facts, watch=None):
         """What the in-request endpoint would have answered, once the call ended within `wait` seconds; a
         handle (202) for a client that asked for one at once (`respond-async` without `wait=N`), when the
         wait ran out, or when this host can't hold another waiting request. `watch`: this request's watch
-        on the call's end, registered before it was published."""
-        waited = 0
-        if wait and not call.finished:
+        on the call's work, registered before it was published."""
+        waited, result_text = 0, None
+        if wait and not lifecycle.seen(call, call.work).finished:
             with submission.waiting_slot(self.request.user, wait, facts) as allowed:
                 if allowed:
-                    lifecycle.wait(call, wait, watch=watch, for_answer=True)
+                    result_text = lifecycle.wait(call, wait, watch=watch, for_answer=True).result_text
                     waited = wait
-        if call.finished and (wait or not preferences.respond_async):  # respond-async alone: the handle
-            code, body = lifecycle.answer(call)
+        if lifecycle.seen(call, call.work).finished and (wait or not preferences.respond_async):
+            code, body = lifecycle.answer(call, result_text)
             response = with_count(Response(body, status=code, headers={'Content-Location': task_url(call.pk)}))
             applied = preferences.applied(waited or wait)
             if applied:
@@ -328,11 +351,12 @@ class TaskView(APIView):
     permission_classes = (IsAuthenticated,)
 
     def get_call(self, request, call_id):
-        call = HeavyCall.objects.filter(pk=call_id).first()
+        call = Call.objects.select_related('work').filter(pk=call_id).first()
         # Anyone but the owner and staff gets the same 404 as for an id that doesn't exist.
         if call is None or not (call.owner_id == request.user.pk or request.user.is_staff):
             raise errors.exceptions.NotFound('No such task.')
-        return lifecycle.expire(call)
+        call.work = lifecycle.expire(call.work)
+        return call
 
     @extend_schema(parameters=[OpenApiParameter('wait', OpenApiTypes.INT, description='Long-poll up to N s.')],
                    responses={200: TASK, 404: ERROR})
@@ -343,7 +367,7 @@ class TaskView(APIView):
         except ValueError:
             raise errors.exceptions.ValidationError({'wait': ['Must be a whole number of seconds.']}) from None
         wait = max(0, min(wait, get_config().wait.max_seconds, MAX_POLL_SECONDS))
-        if wait and not call.finished:
+        if wait and not lifecycle.seen(call, call.work).finished:
             with submission.waiting_slot(request.user, wait, RequestFacts.from_meta(request.META)) as allowed:
                 if allowed:  # else this host's waiting slots are taken: answer now, the client polls
                     lifecycle.wait(call, wait)  # keeps the fields the answer shows up to date
@@ -354,7 +378,9 @@ class TaskView(APIView):
         call = self.get_call(request, call_id)
         was = lifecycle.cancel(call)
         if was is None:
-            raise errors.Conflict(f'The task already ended ({call.seen_state}).')
+            call.refresh_from_db()
+            call.work.refresh_from_db()
+            raise errors.Conflict(f'The task already ended ({lifecycle.seen(call, call.work).state}).')
         if was == State.RUNNING:
             # Answer once the work has stopped (its worker confirms); a worker the revoke didn't reach
             # stops it at its next heartbeat, and the answer doesn't wait for that.

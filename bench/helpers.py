@@ -95,14 +95,34 @@ def lane_limits(pools):
 
 
 def wait_state(call_id, states, timeout=60, interval=0.002):
-    """Poll the call's row until its state is one of `states`; return it (or the last seen at the timeout)."""
-    from workers.models import HeavyCall
+    """Poll the call's rows until its state (what its owner sees) is one of `states`; return it (or the last
+    seen at the timeout)."""
     deadline = time.monotonic() + timeout
     while True:
-        state = HeavyCall.objects.filter(pk=call_id).values_list('state', flat=True).first()
+        state = call_rows([call_id]).get(call_id, {}).get('state')
         if state in states or time.monotonic() > deadline:
             return state
         time.sleep(interval)
+
+
+def call_rows(ids=None):
+    """{call id: row} of the calls `ids` (or all): what each call's owner sees (workers.lifecycle.seen: state,
+    started_at, finished_at, error), its own fields and its work's (queue, worker, attempts, lease_lost)."""
+    from workers.lifecycle import seen
+    from workers.models import Call
+    calls = Call.objects.select_related('work')
+    if ids is not None:
+        calls = calls.filter(pk__in=list(ids))
+    rows = {}
+    for call in calls:
+        now = seen(call, call.work)
+        rows[call.pk] = {
+            'id': call.pk, 'state': now.state, 'started_at': now.started_at, 'finished_at': now.finished_at,
+            'error': now.error or '', 'created_at': call.created_at, 'served_as': call.served_as,
+            'idempotency_key': call.idempotency_key, 'rows': call.rows, 'work_id': call.work_id,
+            'queue': call.work.queue, 'worker': call.work.worker, 'attempts': call.work.attempts,
+            'lease_lost': call.work.lease_lost}
+    return rows
 
 
 def drive(stack, token, bodies, clients, interval=0.01):

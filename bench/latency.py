@@ -20,7 +20,8 @@ p99 of their run time + 100 ms; bulk calls' p99 ≤ 1.5 × the p99 of their queu
 
 Part 2, `generic`: a second stack with one lane worker, es2_knn with a pool of 2, whose calls each hold
 their slot --call-seconds (HEAVY_LANES_BENCH_CALL_SECONDS, api/bench_views.py); enforce mode for every
-client, so with more clients than slots bulk calls are refused; and --generic-users clients that know nothing of Heavy Lanes' own headers. Each sends --batches bulk semantic
+client, so with more clients than slots bulk calls are refused; and --generic-users clients that know
+nothing of Heavy Lanes' own headers. Each sends --batches bulk semantic
 `$match` calls of --rows rows (names no other call shares), one at a time, with an Idempotency-Key, no
 `Prefer` and no `X-OCL-Event-Metadata` — as an OCL client does — and reads only the standard fields:
 `RateLimit-Policy` / `RateLimit` (parsed with `http_sf`, a general RFC 9651 parser, not this project's
@@ -75,9 +76,9 @@ def ms(value):
 
 
 def part_mix(stack, args, submit_wait):
-    import heavy_lanes_client.load as load
+    from helpers import call_rows
 
-    from workers.models import HeavyCall
+    import heavy_lanes_client.load as load
     accounts = tuple(load.Account(row['tier'], row['token']) for row in stack.tokens()['tokens'])
     if args.warmup > 0:
         # Not measured: the same mix for --warmup seconds, so each API thread and pool process has served
@@ -95,8 +96,7 @@ def part_mix(stack, args, submit_wait):
     sent_at = {call.task_id: call.started + offset for call in generator.ledger.calls if call.task_id}
     run_start = min((call.started for call in generator.ledger.calls), default=0.0)
     started = {call.task_id: call.started - run_start for call in generator.ledger.calls if call.task_id}
-    rows = {row['id']: row for row in HeavyCall.objects.values(
-        'id', 'state', 'rows', 'queue', 'worker', 'served_as', 'created_at', 'started_at', 'finished_at')}
+    rows = call_rows()
     groups = {'single': [], 'bulk': []}
     for call in report.calls:
         groups['single' if call.kind == 'single' else 'bulk'].append(call)
@@ -124,7 +124,7 @@ def part_mix(stack, args, submit_wait):
         slowest = []
         for call in sorted(final, key=lambda c: -c.latency)[:5]:
             row = rows.get(call.task_id) or {}
-            span = lambda a, b: ms((row[b] - row[a]).total_seconds()) if row.get(a) and row.get(b) else None  # noqa: E731
+            span = lambda a, b, row=row: ms((row[b] - row[a]).total_seconds()) if row.get(a) and row.get(b) else None  # noqa: E731
             slowest.append({'ms': ms(call.latency), 'sends': call.sends,
                             'at_s': round(started[call.task_id], 2) if call.task_id in started else None,
                             'decision': call.decision, 'served_as': row.get('served_as'),
@@ -199,7 +199,7 @@ class GenericClient:
         if not policy_text or not limit_text:
             return
         try:
-            policies = {name: params for name, params in http_sf.parse(policy_text.encode(), tltype='list')}
+            policies = dict(http_sf.parse(policy_text.encode(), tltype='list'))
             limits = http_sf.parse(limit_text.encode(), tltype='list')
         except Exception:  # noqa: BLE001 - a field that doesn't parse is ignored, as the draft says
             self.note('ratelimit_unparsed')
@@ -277,7 +277,7 @@ class GenericClient:
 
 
 def part_generic(stack, args):
-    from workers.models import HeavyCall, State
+    from workers.models import State, Work
     stack.reset_calls()
     stack.set_config(**GENERIC_CONFIG)
     tokens = [row['token'] for row in stack.tokens()['tokens']]
@@ -294,7 +294,7 @@ def part_generic(stack, args):
     from capacity.config import get_config
     time.sleep(1)
     leases = {key: n for key, n in stack.in_flight().items() if n}
-    not_final = HeavyCall.objects.filter(state__in=(State.QUEUED, State.RUNNING)).count()
+    not_final = Work.objects.filter(state__in=(State.QUEUED, State.RUNNING)).count()
     expected = args.generic_users * args.batches
     ok = sum(1 for item in results if item['ok'])
     return {

@@ -78,7 +78,7 @@ def main():
                config={'mode': 'enforce', 'enforce_for': 'all'}, env=env) as stack:
         import api.bench_views  # noqa: F401  (with --projection-fix: patches this process's embedder too)
         from concepts import services
-        from workers.models import HeavyCall
+        from workers.models import Work
 
         def body_of(name):
             return {'rows': [{'name': name}], 'target_repo_url': stack.source, 'limit': 5}
@@ -137,7 +137,7 @@ def main():
             started = time.perf_counter()
             services.run_match(services.validate_match(body), semantic=True, reranker=False)
             work.append(time.perf_counter() - started)
-        phases = call_phases(HeavyCall.objects.filter(pk__in=heavy_ids))
+        phases = call_phases(Work.objects.filter(pk__in=heavy_ids))
         served_as = stack.served_as(heavy_ids)
 
     summary = {name: stats_ms(values) for name, values in samples.items()}
@@ -146,15 +146,18 @@ def main():
     ratios = {
         'heavy_wait_vs_bare_fast': round(summary['heavy_wait']['median_ms'] / fast, 2),
         'heavy_poll_vs_bare_fast': round(summary['heavy_poll']['median_ms'] / fast, 2),
-        'heavy_wait_vs_bare_default': round(summary['heavy_wait']['median_ms'] / summary['bare_default']['median_ms'], 2),
+        'heavy_wait_vs_bare_default': round(
+            summary['heavy_wait']['median_ms'] / summary['bare_default']['median_ms'], 2),
         'bare_default_vs_bare_fast': round(summary['bare_default']['median_ms'] / fast, 2),
     }
     for name in (*VARIANTS, 'domain_work'):
         line = summary[name]
-        print(f'{name:>13}: median {line["median_ms"]:8.2f} ms  p90 {line["p90_ms"]:8.2f} ms  max {line["max_ms"]:8.2f} ms')
+        print(f'{name:>13}: median {line["median_ms"]:8.2f} ms  p90 {line["p90_ms"]:8.2f} ms  '
+              f'max {line["max_ms"]:8.2f} ms')
     for phase in ('created_to_started', 'started_to_finished'):
         line = phases[phase]
-        print(f'  heavy call row, {phase}: median {line["median_ms"]} ms, p90 {line["p90_ms"]} ms, max {line["max_ms"]} ms')
+        print(f'  heavy call row, {phase}: median {line["median_ms"]} ms, p90 {line["p90_ms"]} ms, '
+              f'max {line["max_ms"]} ms')
     print(f'heavy (Prefer: wait) {ratios["heavy_wait_vs_bare_fast"]}x the fair floor, heavy (long-poll) '
           f'{ratios["heavy_poll_vs_bare_fast"]}x (target <= {TARGET}); vs the default .get() '
           f'{ratios["heavy_wait_vs_bare_default"]}x; the default .get() is {ratios["bare_default_vs_bare_fast"]}x '
@@ -163,7 +166,8 @@ def main():
     if args.plot:
         plot(args.plot, samples, work)
     name = 'roundtrip' + ('-projection-fix' if args.projection_fix else '') + ('-db-reuse' if args.db_reuse else '')
-    write(name, {'projection_fix': args.projection_fix, 'db_reuse': args.db_reuse, 'calls': args.calls, 'api_workers': args.api_workers, 'row': ROW, 'summary': summary,
+    write(name, {'projection_fix': args.projection_fix, 'db_reuse': args.db_reuse, 'calls': args.calls,
+                        'api_workers': args.api_workers, 'row': ROW, 'summary': summary,
                         'ratios': ratios, 'heavy_phases_ms': phases, 'same_results': same,
                         'served_as': served_as,
                         'samples_ms': {name: [round(v * 1000, 2) for v in values] for name, values in samples.items()},

@@ -14,8 +14,9 @@ single 5, bulk 3, bulk-rerank 1, rerank 1): `single` is a one-row semantic `$mat
 would (`Prefer: wait=5`, so it also takes the API host's lane); the others are capacity-aware
 (`X-OCL-Event-Metadata: {"capacity_aware": "true"}`, `Prefer: respond-async`) bulk calls of 10 rows, then
 long-poll their task. Each call's first row (or `q`) carries a number, so no two calls are identical work
-(they would share one run, taking no lease). A refused client waits min(Retry-After, --backoff-cap) s (x U(0.5, 1)) before its
-next call, to keep the pressure at the factor asked for (a well-behaved client waits the whole Retry-After).
+(they would share one run, taking no lease). A refused client waits min(Retry-After, --backoff-cap) s
+(x U(0.5, 1)) before its next call, to keep the pressure at the factor asked for (a well-behaved client
+waits the whole Retry-After).
 
 The sampler reads, every 50 ms with one pipeline, ZCOUNT <lane> (now, +inf) of every lane key (now from
 Redis TIME, the clock the scripts score leases by); the key list is refreshed with SCAN every second.
@@ -190,9 +191,10 @@ def main():
 
     with Stack(api_workers=args.api_workers, terminology=args.terminology,
                config={'mode': 'enforce', 'enforce_for': 'all'}) as stack:
-        from capacity.config import get_config
         from django.conf import settings
         from django.contrib.auth import get_user_model
+
+        from capacity.config import get_config
 
         config = get_config()
         tokens = stack.tokens()['tokens']
@@ -234,8 +236,8 @@ def main():
         leftover = {key: n for key, n in leftover_cards.items() if n}
         unexpired = {key: n for key, n in stack.in_flight().items() if n}
         depths = stack.queue_depths()
-        from workers.models import HeavyCall
-        states = Counter(HeavyCall.objects.values_list('state', flat=True))
+        from helpers import call_rows
+        states = Counter(row['state'] for row in call_rows().values())
         served_as = stack.served_as()
 
     outcomes = Counter(entry['outcome'] for entry in ledger)

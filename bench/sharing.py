@@ -69,7 +69,7 @@ def latencies(stack, session, url, reps, rows):
     """Time to result of cold, coalesced and warm calls: ({kind: [seconds]}, {kind: [seconds from the work's
     end, its row's finished_at, to the answer]}, {kind: Counter(served_as)}, whether every warm answer
     equalled its cold one)."""
-    from workers.models import HeavyCall
+    from helpers import call_rows
 
     samples = {kind: [] for kind in KINDS}
     tails = {kind: [] for kind in KINDS if kind != 'warm'}
@@ -84,12 +84,12 @@ def latencies(stack, session, url, reps, rows):
         answered = time.time()
         assert response.status_code == 200, response.text[:300]
         call_id = call_id_of(response)
-        served_as, finished_at = HeavyCall.objects.filter(pk=call_id).values_list(
-            'served_as', 'finished_at').first()
+        row = call_rows([call_id])[call_id]
+        served_as, finished_at = row['served_as'], row['finished_at']
         served[kind][served_as] += 1
         if served_as == {'cold': 'run', 'coalesced': 'coalesced', 'warm': 'cached'}[kind]:
             samples[kind].append(elapsed)
-            if kind in tails:  # a follower's finished_at is its leader's
+            if kind in tails:  # a joined call's finished_at is its work's
                 tails[kind].append(answered - finished_at.timestamp())
         return response.json()
 
@@ -135,10 +135,10 @@ def bulk_bodies(source, rows, calls, kind, start):
 
 
 def throughput(ids):
-    from workers.models import HeavyCall
-    calls = list(HeavyCall.objects.filter(pk__in=ids))
-    wall = (max(call.finished_at for call in calls) - min(call.created_at for call in calls)).total_seconds()
-    served = Counter(call.served_as for call in calls)
+    from helpers import call_rows
+    calls = list(call_rows(ids).values())
+    wall = (max(call['finished_at'] for call in calls) - min(call['created_at'] for call in calls)).total_seconds()
+    served = Counter(call['served_as'] for call in calls)
     return {'calls': len(calls), 'wall_seconds': round(wall, 3), 'calls_per_s': round(len(calls) / wall, 2),
             'work_runs': served.get('run', 0), 'served_as': dict(served)}
 

@@ -53,7 +53,9 @@ import time
 from collections import defaultdict
 
 from helpers import lane_limit
-from soak_faults import CancelRace, drop_ack, duplicate_running, flush_broker, own_sessions_named, read_only_database, stall
+from soak_faults import (
+    CancelRace, drop_ack, duplicate_running, flush_broker, own_sessions_named, read_only_database, stall,
+)
 from soak_report import MIN_RACES, consuming_pools, report
 from soak_sampler import Sampler, Watch
 from stack import HOME, Stack
@@ -172,7 +174,7 @@ def run(args, broker, broker_url):
 
         import heavy_lanes_client.load as load
         from heavy_lanes_client.phrases import PHRASES
-        from workers.models import HeavyCall
+        from workers.models import Work
 
         own_sessions_named()
         cfg = get_config()
@@ -191,7 +193,8 @@ def run(args, broker, broker_url):
         for index, url in enumerate(stack.urls):
             users = args.clients // 2 + (args.clients % 2 if index == 0 else 0)
             plan = load.LoadPlan(url=url, accounts=accounts[index:] + accounts[:index], users=users,
-                                 seconds=args.seconds, source=stack.source, drain_seconds=min(600.0, args.drain_timeout),
+                                 seconds=args.seconds, source=stack.source,
+                                 drain_seconds=min(600.0, args.drain_timeout),
                                  max_backoff=args.max_backoff, seed=args.seed + index,
                                  submit_wait=False)  # the stall checks time POST -> answer, not -> result
             generators.append(load.LoadGenerator(plan))
@@ -232,7 +235,7 @@ def run(args, broker, broker_url):
             """A running call on one of `queues` whose worker pid is a pool process of a stack node."""
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
-                for call in HeavyCall.objects.filter(state='running', queue__in=queues).exclude(worker=''):
+                for call in Work.objects.filter(state='running', queue__in=queues).exclude(worker=''):
                     _, _, pid = call.worker.rpartition(' pid ')
                     try:
                         pid = int(pid)
@@ -253,7 +256,7 @@ def run(args, broker, broker_url):
             return None
 
         def finished(call_id):
-            return HeavyCall.objects.filter(pk=call_id).exclude(state__in=('queued', 'running')).exists()
+            return Work.objects.filter(pk=call_id).exclude(state__in=('queued', 'running')).exists()
 
         servers = {'lanes': stack.children['redis'].pid, 'broker': broker.pid}
         stalls = []
@@ -292,7 +295,7 @@ def run(args, broker, broker_url):
         call, _ = running_call(BULK_QUEUES, timeout=5.0)
         old = (call and child_of(call)) or stack.lane_children('es2_knn')[0]
         queue = next(q for q in QUEUE_NAMES if old in stack.lane_children(q))
-        running_there = list(HeavyCall.objects.filter(state='running', queue=queue, worker__startswith=stack.node_names(
+        running_there = list(Work.objects.filter(state='running', queue=queue, worker__startswith=stack.node_names(
             queue)[old.name]).values_list('id', flat=True))
         old.signal_group(signal.SIGKILL)
         killed_at = rel(time.monotonic())
@@ -329,7 +332,7 @@ def run(args, broker, broker_url):
 
         # FLUSHDB of the broker under queued calls.
         at(0.55)
-        flushed = flush_broker(broker_client, lambda: list(HeavyCall.objects.filter(state='queued').values_list(
+        flushed = flush_broker(broker_client, lambda: list(Work.objects.filter(state='queued').values_list(
             'pk', flat=True)))
         faults['broker_flushed'] = {'t': rel(time.monotonic()), **flushed}
         say('broker_flushed')
@@ -356,7 +359,7 @@ def run(args, broker, broker_url):
         drain_deadline = time.monotonic() + args.drain_timeout
         drained = False
         while time.monotonic() < drain_deadline:
-            if not messages.present(QUEUE_NAMES, broker_client) and not HeavyCall.objects.filter(
+            if not messages.present(QUEUE_NAMES, broker_client) and not Work.objects.filter(
                     state__in=('queued', 'running')).exists():
                 drained = True
                 break
@@ -388,7 +391,7 @@ def probe_pools(stack, token, queues, timeout=90):
     once, from the rows' start and end (they must all: no prefetch slot lost). {queue: {pool, at_once, ...}}."""
     import requests
 
-    from workers.models import HeavyCall
+    from workers.models import Work
     from workers.pool import read_pools
     rows = [{'name': f'high blood pressure with chest pain and fever, probe {i}'} for i in range(1000)]
     params = {'interactive': {'semantic': 'true'}, 'es2_knn': {'semantic': 'true', 'reranker': 'true', 'limit': '100'},
@@ -407,10 +410,10 @@ def probe_pools(stack, token, queues, timeout=90):
             if response.status_code == 202:
                 ids.append(response.json()['id'])
         deadline = time.monotonic() + timeout
-        while ids and time.monotonic() < deadline and HeavyCall.objects.filter(pk__in=ids).filter(
+        while ids and time.monotonic() < deadline and Work.objects.filter(pk__in=ids).filter(
                 state__in=('queued', 'running')).exists():
             time.sleep(0.1)
-        spans = list(HeavyCall.objects.filter(pk__in=ids).values_list('state', 'started_at', 'finished_at'))
+        spans = list(Work.objects.filter(pk__in=ids).values_list('state', 'started_at', 'finished_at'))
         # How many ran at once: the most runs whose [started_at, finished_at] hold one moment.
         at_once = max((sum(1 for _, s, f in spans if s and f and s <= start < f) for _, start, _ in spans if start),
                       default=0)

@@ -52,7 +52,6 @@ def read_only_database(seconds):
 
 def terminate_sessions():
     import psycopg
-
     from stack import PG_ADMIN_URL
     with psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5) as connection:
         rows = connection.execute(
@@ -154,7 +153,7 @@ class CancelRace(threading.Thread):
         import requests
         from django.db import connection
 
-        from workers.models import HeavyCall
+        from workers.models import Work
         session = requests.Session()
         session.headers['Authorization'] = f'Token {self.token}'
         number = 0
@@ -182,7 +181,7 @@ class CancelRace(threading.Thread):
                 call_id = response.json()['id']
                 if number % 2:  # just as a worker picks it up (or a moment later)
                     deadline = time.monotonic() + 5
-                    while time.monotonic() < deadline and HeavyCall.objects.filter(
+                    while time.monotonic() < deadline and Work.objects.filter(
                             pk=call_id, state='queued').exists():
                         time.sleep(0.002)
                 time.sleep(delay)
@@ -190,7 +189,8 @@ class CancelRace(threading.Thread):
                 try:
                     answer = session.delete(f'{url}/tasks/{call_id}/', timeout=30)
                     race['status'] = answer.status_code
-                    body = answer.json() if answer.headers.get('Content-Type', '').startswith('application/json') else {}
+                    json_body = answer.headers.get('Content-Type', '').startswith('application/json')
+                    body = answer.json() if json_body else {}
                     race['state'], race['started_at'] = body.get('state'), body.get('started_at')
                 except (requests.RequestException, ValueError) as ex:
                     race['status'], race['error'] = None, f'{type(ex).__name__}: {ex}'[:200]

@@ -69,18 +69,16 @@ def report(args, *, stack, tag, limit_of, cfg, faults, stalls, generators, posts
            broker_client, load_done, drained, drained_t, leases_left, members_left, probes, settings,
            lease_seconds, late_seconds, retry_seconds):
     from django_celery_results.models import TaskResult
+    from helpers import call_rows
 
     from tests.integration.faults.load import capacity_lines
     from workers import messages
     from workers.lanes import QUEUE_NAMES, QUEUES
-    from workers.models import HeavyCall
     from workers.pool import read_pools
 
     race = Races(races)
     probe_ids = {pk for probe in probes.values() for pk in probe['ids']}
-    rows = {row['id']: row for row in HeavyCall.objects.values(
-        'id', 'state', 'attempts', 'idempotency_key', 'queue', 'worker', 'lease_lost', 'error', 'served_as')
-        if row['id'] not in probe_ids}
+    rows = {pk: row for pk, row in call_rows().items() if pk not in probe_ids}
     states = Counter(row['state'] for row in rows.values())
     not_final = [cid for cid, row in rows.items() if row['state'] not in FINAL]
     results = list(TaskResult.objects.exclude(task_id__in=probe_ids).values_list('task_id', 'status'))
@@ -88,7 +86,8 @@ def report(args, *, stack, tag, limit_of, cfg, faults, stalls, generators, posts
     successes = {tid for tid, status in results if status == 'SUCCESS'}
     results_twice = {tid: n for tid, n in result_ids.items() if n > 1}
     results_orphan = [tid for tid in result_ids if tid not in rows]
-    succeeded_without_result = [cid for cid, row in rows.items() if row['state'] == 'succeeded' and row['served_as'] == 'run'
+    succeeded_without_result = [cid for cid, row in rows.items()
+                                if row['state'] == 'succeeded' and row['served_as'] == 'run'
                                 and cid not in successes]  # a call that joined an identical one has its result
     attempts = Counter(row['attempts'] for row in rows.values())
 
@@ -104,7 +103,7 @@ def report(args, *, stack, tag, limit_of, cfg, faults, stalls, generators, posts
                 succeeded_lines[line['task_id']] += 1
     taken_over = Counter(match for log in logs if log.path.name.startswith('worker-')
                          for match in TAKEN_OVER.findall(log.output()))
-    ran_twice = sorted(set(tid for tid, n in succeeded_lines.items() if n > 1) | set(results_twice))
+    ran_twice = sorted({tid for tid, n in succeeded_lines.items() if n > 1} | set(results_twice))
     run_at_once = sorted(taken_over)
     ends_twice = {cid: n for cid, n in ends.items() if n > 1}
     # A call whose end no process could log: a revoke that met the database fault in the worker's main
@@ -178,11 +177,13 @@ def report(args, *, stack, tag, limit_of, cfg, faults, stalls, generators, posts
     flushed = faults['broker_flushed']['queued_calls']
     flushed_open = [cid for cid in flushed if rows.get(cid, {}).get('state') not in FINAL]
     sweep_log = (stack.logs / 'worker-maintenance.log').read_text(errors='replace')
-    resent = sum(int(n) for line in sweep_log.splitlines() if 'Sweep: ' in line for n in re.findall(r"'resent': (\d+)", line))
+    resent = sum(int(n) for line in sweep_log.splitlines() if 'Sweep: ' in line
+                 for n in re.findall(r"'resent': (\d+)", line))
     swept_expired = sum(int(n) for line in sweep_log.splitlines() if 'Sweep: ' in line
                         for n in re.findall(r"'expired': (\d+)", line))
 
-    # Lane concurrency after the lost ack: the pools as configured, no unsettled ack, how many of the probe's calls ran at once.
+    # Lane concurrency after the lost ack: the pools as configured, no unsettled ack, how many of the probe's
+    # calls ran at once.
     wanted = {queue.name: queue.pool_size(cfg) for queue in QUEUES}
     nodes = {queue: read_pools(stack.redis, queue) for queue in QUEUE_NAMES}
     pools = consuming_pools(nodes)
@@ -218,8 +219,10 @@ def report(args, *, stack, tag, limit_of, cfg, faults, stalls, generators, posts
           f'{args.seconds:g} s, load done at t={load_done:.1f}s, drained at t={drained_t:.1f}s '
           f'({"ok" if drained else "TIMED OUT"})')
     for name, fault in faults.items():
-        print(f'  fault {name}: {fault if name != "broker_flushed" else {**fault, "queued_calls": len(fault["queued_calls"])}}')
-    print(f'calls: {len(calls)} = ' + ', '.join(f'{n} {o}' for o, n in sorted(outcomes.items(), key=lambda kv: str(kv[0])))
+        shown = fault if name != 'broker_flushed' else {**fault, 'queued_calls': len(fault['queued_calls'])}
+        print(f'  fault {name}: {shown}')
+    print(f'calls: {len(calls)} = '
+          + ', '.join(f'{n} {o}' for o, n in sorted(outcomes.items(), key=lambda kv: str(kv[0])))
           + f'; admitted {len(admitted)} (decisions {dict(decisions)}); POST answers {dict(answer_statuses)}')
     if error_reasons:
         print(f'  client errors by reason: {dict(error_reasons)}')
@@ -236,7 +239,8 @@ def report(args, *, stack, tag, limit_of, cfg, faults, stalls, generators, posts
     print(f'flushed broker: {len(flushed)} queued calls, {len(flushed_open)} not ended; the sweep resent {resent}, '
           f'expired {swept_expired}; queued past the deadline + {late_seconds} s: {len(watch.late)}')
     print(f'lanes after the lost ack: pools {pools} (configured {wanted}); unsettled acks {unsettled or 0}; '
-          f'acks failed {acks_failed}; probes {probes and {q: {k: v for k, v in p.items() if k != "ids"} for q, p in probes.items()}}')
+          f'acks failed {acks_failed}; '
+          f'probes {probes and {q: {k: v for k, v in p.items() if k != "ids"} for q, p in probes.items()}}')
     print(f'submit latency during each stall (bound {documented:g} s documented, {allowed:g} s allowed):')
     for entry in per_stall:
         print(f'  {entry["seconds"]:>6g} s {"+".join(entry["redis"]):<13} t={entry["sigstop_t"]:.1f}s  '
@@ -248,14 +252,16 @@ def report(args, *, stack, tag, limit_of, cfg, faults, stalls, generators, posts
     print(f'{"lane":<24}{"max outside":>12}{"max in window":>15}{"limit":>7}')
     for lane in sorted(set(maxima) | set(maxima_in_window)):
         limit = limit_of(tag + lane)
-        print(f'{lane:<24}{maxima.get(lane, 0):>12}{maxima_in_window.get(lane, 0):>15}{limit if limit is not None else "-":>7}')
+        shown_limit = limit if limit is not None else '-'
+        print(f'{lane:<24}{maxima.get(lane, 0):>12}{maxima_in_window.get(lane, 0):>15}{shown_limit:>7}')
     print(f'leases after drain + {lease_seconds + 1} s: unexpired {leases_left or 0}; members left (expired, not yet '
           f'pruned) {members_left or 0}; messages on the broker {len(present)}')
     for name, ok in checks.items():
         print(f'  {"PASS" if ok else "FAIL"} {name}')
     for label, items in (('violations', violations), ('lost', lost), ('mismatched', mismatched),
                          ('bad refusals', bad_refusals), ('rows not final', not_final), ('ran twice', ran_twice),
-                         ('run at once', run_at_once), ('end logged twice', ends_twice), ('end never logged', ends_missing),
+                         ('run at once', run_at_once), ('end logged twice', ends_twice),
+                         ('end never logged', ends_missing),
                          ('rows without a client call', rows_without_client), ('ran on after cancel', ran_on),
                          ('queued past the deadline', watch.late), ('flushed, not ended', flushed_open)):
         if items:
@@ -280,7 +286,8 @@ def report(args, *, stack, tag, limit_of, cfg, faults, stalls, generators, posts
                  'attempts': {str(k): v for k, v in attempts.items()}, 'without_client_call': rows_without_client[:20],
                  'idempotency_keys_twice': keys_twice},
         'duplicates': {'ran_twice': ran_twice, 'run_at_once': run_at_once, 'results_twice': results_twice,
-                       'results_without_row': results_orphan[:20], 'succeeded_without_result': succeeded_without_result[:20],
+                       'results_without_row': results_orphan[:20],
+                       'succeeded_without_result': succeeded_without_result[:20],
                        'end_logged_twice': ends_twice, 'end_never_logged': ends_missing[:20]},
         'cancel_races': {'races': len(race.races), 'answers': dict(race_statuses), 'cancelled': len(cancelled),
                          'cancelled_while_queued': from_queue, 'ran_on': ran_on, 'missed_not_final': missed_wrong,
@@ -292,7 +299,8 @@ def report(args, *, stack, tag, limit_of, cfg, faults, stalls, generators, posts
         'samples': len(sampler.samples), 'samples_skipped_in_stalls': sampler.skipped,
         'samples_unanswered': sampler.failed,
         'max_in_flight': {lane: {'outside_windows': maxima.get(lane, 0), 'in_windows': maxima_in_window.get(lane, 0),
-                                 'limit': limit_of(tag + lane)} for lane in sorted(set(maxima) | set(maxima_in_window))},
+                                 'limit': limit_of(tag + lane)}
+                          for lane in sorted(set(maxima) | set(maxima_in_window))},
         'violations': violations[:20], 'excess_in_windows': window_excess[:20],
         'leases_unexpired': leases_left, 'leases_members_left': members_left, 'messages_left': len(present),
         'checks': checks,

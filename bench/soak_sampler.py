@@ -76,12 +76,12 @@ class Watch(threading.Thread):
         from django.db import connection
         from django.utils import timezone
 
-        from workers.models import HeavyCall
+        from workers.models import Work
         try:
             while not self.stopping.wait(1.0):
                 try:
                     cutoff = timezone.now() - timedelta(seconds=self.late_seconds)
-                    for pk, expires in HeavyCall.objects.filter(state='queued', expires_at__lt=cutoff).values_list(
+                    for pk, expires in Work.objects.filter(state='queued', expires_at__lt=cutoff).values_list(
                             'pk', 'expires_at'):
                         self.late.setdefault(pk, (expires.isoformat(), timezone.now().isoformat()))
                 except Exception:  # noqa: BLE001 - a database fault: look again in a second

@@ -132,7 +132,8 @@ SECTIONS = (
     ('rate limit (DRF throttle: GET + SET)', 'api.views', 'HeavyCallView', 'check_rate_limits'),
     ('shared work: claim it (SET NX)', 'workers.sharing', None, 'lead'),
     ('admission record (Admission.to_json)', 'capacity.admission', 'Admission', 'to_json'),
-    ('insert call row, also the usage record (BEGIN + INSERT)', 'workers.models', 'HeavyCall', 'save'),
+    ('insert the work row (BEGIN + INSERT)', 'workers.models', 'Work', 'save'),
+    ('insert the call row, also the usage record (INSERT)', 'workers.models', 'Call', 'save'),
     ('publish (send_task: one LPUSH)', 'workers.lifecycle.create', None, 'send'),
     ('commit (COMMIT)', 'django.db.backends.base.base', 'BaseDatabaseWrapper', 'commit'),
     ('capacity headers', 'api.views', None, 'headers'),
@@ -161,7 +162,7 @@ def profile_sections(stack, calls):
     for label, module_name, class_name, name in SECTIONS:
         owner = importlib.import_module(module_name)
         owner = getattr(owner, class_name) if class_name else owner
-        original = owner.__dict__.get(name)  # None: inherited (HeavyCall.save), so delete the wrapper after
+        original = owner.__dict__.get(name)  # None: inherited (Call.save), so delete the wrapper after
         setattr(owner, name, timed(label, getattr(owner, name)))
         patched.append((owner, name, original))
     try:
@@ -266,9 +267,9 @@ def cpu_seconds_between(before, after):
 
 
 def set_mode(stack, mode, wait=True):
-    many = {tier: HIGH for tier in ('staff', 'core', 'early_access', 'preview')}
-    stack.set_config(wait=wait, mode=mode, enforce_for='all', api_heavy={'cluster': HIGH, 'per_task': HIGH}, es2_knn=HIGH,
-                     tiers=many, per_user=many)
+    many = dict.fromkeys(('staff', 'core', 'early_access', 'preview'), HIGH)
+    stack.set_config(wait=wait, mode=mode, enforce_for='all', api_heavy={'cluster': HIGH, 'per_task': HIGH},
+                     es2_knn=HIGH, tiers=many, per_user=many)
 
 
 def main():
@@ -287,7 +288,7 @@ def main():
 
     with Stack(api_workers=args.api_workers, lanes={}, terminology=args.terminology) as stack, \
             tempfile.TemporaryDirectory(prefix='hl-wrk-') as scratch:
-        from workers.models import HeavyCall
+        from workers.models import Call
 
         def script_for(run):
             """The run's wrk script: its rows are named `chest pain <run>-<n>`, distinct from any other run's."""
@@ -297,7 +298,7 @@ def main():
 
         heavy_url = f'{stack.url}/concepts/$match/?semantic=true'
         targets = {'bare': f'{stack.url}/bench/submit/', 'delay': f'{stack.url}/bench/delay/?semantic=true',
-                   **{mode: heavy_url for mode in MODES}}
+                   **dict.fromkeys(MODES, heavy_url)}
         # Warm every gunicorn worker on every path (imports, connections, the config cache).
         set_mode(stack, 'enforce')
         for name in ('bare', 'delay', 'enforce'):
@@ -323,7 +324,7 @@ def main():
                     result['messages_queued'] = sum(stack.queue_depths().values())
                     extra = f'  msgs {result["messages_queued"]}'
                 if name in MODES:
-                    result['rows_written'] = HeavyCall.objects.count()
+                    result['rows_written'] = Call.objects.count()
                     result['leases_held'] = sum(stack.in_flight().values())
                     result['served_as'] = stack.served_as()
                     extra = (f'  rows {result["rows_written"]}{extra} leases {result["leases_held"]} '

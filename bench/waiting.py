@@ -114,9 +114,9 @@ def heavy_calls(stack, count, rows, tag, wait):
     for thread in threads:
         thread.join()
     if not wait:  # the handles' calls: until the workers finished them all
-        from workers.models import OPEN_STATES, HeavyCall
+        from workers.models import OPEN_STATES, Work
         ids = [call_id for _, call_id in statuses if call_id]
-        while HeavyCall.objects.filter(pk__in=ids, state__in=OPEN_STATES).exists():
+        while Work.objects.filter(calls__in=ids, state__in=OPEN_STATES).exists():
             time.sleep(0.1)
     return [status for status, _ in statuses], time.perf_counter() - started
 

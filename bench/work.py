@@ -83,7 +83,7 @@ def warm_pool(stack, token, size, timeout=120):
     the old one took every warm-up call, then the measured ones while the new one loaded, and the 2-process
     round measured one process (`1 pool processes ran calls`).
     """
-    from workers.models import HeavyCall
+    from workers.models import Work
     deadline = time.monotonic() + timeout
     warmed = set()
     while True:
@@ -93,7 +93,7 @@ def warm_pool(stack, token, size, timeout=120):
         if time.monotonic() > deadline:
             raise RuntimeError(f'pool processes {sorted(live)} (wanted {size}), warmed {sorted(warmed)}')
         ids = drive(stack, token, bodies(stack.source, 2, 3 * size), 2 * size)
-        ran = HeavyCall.objects.filter(pk__in=ids).values_list('worker', flat=True)
+        ran = Work.objects.filter(pk__in=ids).values_list('worker', flat=True)
         warmed |= {pid_of(worker) for worker in ran}
 
 
@@ -108,8 +108,8 @@ def side_by_side(calls):
 
 
 def measure(ids, rows):
-    from workers.models import HeavyCall
-    calls = list(HeavyCall.objects.filter(pk__in=ids))
+    from workers.models import Call, Work
+    calls = list(Work.objects.filter(pk__in=ids))  # distinct bodies: each call ran a work of its own
     first = min(call.created_at for call in calls)
     last = max(call.finished_at for call in calls)
     wall = (last - first).total_seconds()
@@ -124,7 +124,7 @@ def measure(ids, rows):
             'pool_processes_seen': len(per_process),
             'calls_per_process': sorted(per_process.values(), reverse=True),
             'most_side_by_side': side_by_side(calls),
-            'served_as': dict(Counter(call.served_as for call in calls))}
+            'served_as': dict(Counter(Call.objects.filter(pk__in=ids).values_list('served_as', flat=True)))}
 
 
 def main():
@@ -189,7 +189,8 @@ def main():
     if short:
         print(f'WARNING: a round of {short} process(es) never had that many calls running at once')
     if len(sizes) >= 2:
-        summary['scaling'] = round(phases[sizes[1]]['throughput_rows_per_s'] / phases[sizes[0]]['throughput_rows_per_s'], 2)
+        summary['scaling'] = round(
+            phases[sizes[1]]['throughput_rows_per_s'] / phases[sizes[0]]['throughput_rows_per_s'], 2)
         print(f'{sizes[0]} -> {sizes[1]} processes: throughput x{summary["scaling"]}')
     for size, line in phases.items():
         print(f'{size} process(es), median of {args.rounds}: {line["throughput_rows_per_s"]} rows/s through the lane, '
@@ -198,7 +199,8 @@ def main():
     name = 'work' + ('-projection-fix' if args.projection_fix else '') + (
         f'-blas{args.blas_threads}' if args.blas_threads else '')
     write(name, {'rows_per_call': args.rows, 'calls_per_process': args.calls_per_process, 'rounds': args.rounds,
-                   'blas_threads': args.blas_threads, 'projection_fix': args.projection_fix, 'cpu_count': os.cpu_count(), 'floor': base,
+                   'blas_threads': args.blas_threads, 'projection_fix': args.projection_fix,
+                   'cpu_count': os.cpu_count(), 'floor': base,
                    'phases': phases, 'summary': summary})
 
 

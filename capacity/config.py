@@ -2,8 +2,9 @@
 
 `validate`, `merge`, `diff` and `resolve` are pure and work on the JSON form. `get_current()` reads the
 version in force from the database; `get_config()` is the request path's read. Both give the typed, frozen
-view of it (capacity.defaults.Config: `config.api_heavy.cluster`; an unknown name raises): cached for CAPACITY_CONFIG_CACHE_SECONDS, bounded by
-CAPACITY_CONFIG_READ_TIMEOUT_MS on PostgreSQL, and it never raises. A config it can't read never refuses
+view of it (capacity.defaults.Config: `config.api_heavy.cluster`; an unknown name raises). `get_config()` is
+cached for CAPACITY_CONFIG_CACHE_SECONDS, bounded by CAPACITY_CONFIG_READ_TIMEOUT_MS on PostgreSQL, and it
+never raises. A config it can't read never refuses
 a call: it falls back to the last known config (or the defaults) with `enforce` turned into `shadow`.
 `save_config()` is the one way to change the config; each change is a new CapacityConfig row and one
 `ocl_capacity_config` log line.
@@ -276,9 +277,10 @@ def clear_cache():
 def save_config(changes, user=None, source=SOURCE_API, note='', replace=False):
     """Merge `changes` into the config in force (or into the defaults with `replace`) and save a version.
 
-    Returns `(row, config, changed)`, `config` the Config now in force, where `changed` is `{dotted.path: [old, new]}`. When nothing
-    changes, no row is added, nothing is logged, and `row` is the latest row (or None). Raises
-    ValidationError when the result is invalid; unknown keys in `changes` are rejected, not dropped.
+    Returns `(row, config, changed)`: `config` is the Config now in force, `changed` is
+    `{dotted.path: [old, new]}`. When nothing changes, no row is added, nothing is logged, and `row` is the
+    latest row (or None). Raises ValidationError when the result is invalid; unknown keys in `changes` are
+    rejected, not dropped.
     """
     with transaction.atomic():
         if connection.vendor == 'postgresql':

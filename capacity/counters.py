@@ -79,6 +79,6 @@ def record_served(queue, served_as):
     increment(('served', queue, str(served_as)))
 
 
-def record_end(queue, state):
-    """Count one call that ended (succeeded, failed, cancelled, expired) on `queue`."""
-    increment(('finished', queue, str(state)))
+def record_end(queue, state, count=1):
+    """Count `count` calls that ended (succeeded, failed, cancelled, expired) on `queue`."""
+    increment(*[('finished', queue, str(state))] * count)

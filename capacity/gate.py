@@ -28,6 +28,7 @@ from capacity.constants import OFF, Decision
 from capacity.keys import lane_key
 from capacity.store import Unknown, get_store
 
+
 def admit(user, endpoint='', rows=0, semantic=False, reranker=False, waits=False, queue='', draws_on=None,
           wait_slot=False, facts=NO_FACTS, token=None, lease_ms=None, config=None, store=None):
     """Admit one call (see the module docstring). Never raises."""

@@ -120,10 +120,10 @@ def pool_key(queue):
     return f'{settings.CAPACITY_KEY_PREFIX}:pool:{queue}'
 
 
-def notice_channel(call_id):
-    """The pub/sub channel a call's end is announced on (workers.notify). Not under the prefix: call ids
+def notice_channel(work_id):
+    """The pub/sub channel a work's end is announced on (workers.notify). Not under the prefix: work ids
     are unique on their own, and every process agrees."""
-    return f'heavy-lanes:done:{call_id}'
+    return f'heavy-lanes:done:{work_id}'
 
 
 def invalidation_channel():
@@ -140,16 +140,10 @@ def claim_key(kind, *parts):
 
 
 def work_claim_key(work_key):
-    """Held by the call that runs the work `work_key` while identical calls may join it (workers.sharing)."""
+    """Names the open work of the key `work_key` while identical calls may join it (workers.sharing)."""
     return claim_key('work', work_key)
 
 
-def joined_key(call_id):
-    """Set by every call that joins the work of the call `call_id`, so the leader's end knows whether it has
-    followers to end without asking the database (workers.lifecycle.sharing)."""
-    return f'{settings.CAPACITY_KEY_PREFIX}:joined:{call_id}'
-
-
 def warm_key(work_key):
-    """The call whose stored result answers identical calls for cache.ttl_seconds (workers.sharing)."""
+    """The succeeded work whose stored result answers identical calls for cache.ttl_seconds (workers.sharing)."""
     return f'{settings.CAPACITY_KEY_PREFIX}:warm:{work_key}'

@@ -18,15 +18,19 @@ that didn't reach Redis are released again once Redis answers (capacity.releases
 | verb | does (units) | atomic | returns |
 |---|---|---|---|
 | `acquire` | a lease in every lane or none (ms) | one script | `Acquired` |
-| `renew` | every lease of a token to `lease_ms` from now, only if all are held | one script | leases held (int) |
-| `release` | a token's leases; measures holds and run time | one script | leases removed (int) |
+| `renew` | every lease of a token to `lease_ms` from now, if all are held | one script | leases held |
+| `release` | a token's leases; measures holds and run time | one script | leases removed |
 | `release_and_end` | `release`, a completion notice, a work's claim given up | one pipeline | `Ended` |
 | `count` | unexpired leases per lane | one script | [int] |
 | `counted` | whether any lane still counts a token (by Redis's clock) | one pipeline | bool |
 | `find_keys` | every key of a lane with parts | SCAN | [str] |
-| `claim` / `unclaim` / `keep` / `read` | a string key naming who does a work for everyone | one command or script | bool / bool / bool / [str or None] |
-| `holds` / `hold` / `expired_total` | measured mean holds (ms), leases that expired unreleased | one command | dict / int or None / int |
-| `counters` / `add_counts_later` | the event counters hash; increments sent from the Redis thread | one command / pipeline | dict / True when queued |
+| `claim` | a string key naming who does a work for everyone, for ms | SET NX PX | taken (bool) |
+| `unclaim` | give a claim up if still held; maybe point a key at it | one script | was held (bool) |
+| `keep` / `read` | a claim kept for s; who holds some claims | one command | bool / [str or None] |
+| `holds` / `hold` | measured mean holds and run times (ms) | one command | dict / int or None |
+| `expired_total` | leases that expired unreleased | one command | int |
+| `counters` | the event counters hash | one command | dict |
+| `add_counts_later` | increments, sent from the Redis thread | one pipeline | True when queued |
 | `probe` | PING, even in the skip window; an answer closes it | one command | True |
 
 Which operation runs where, within the deadline, is capacity.runner's; the operations themselves are
@@ -44,7 +48,7 @@ import redis
 from django.conf import settings
 
 from capacity import failopen
-from capacity.operations import BadCall, Ended, Operations
+from capacity.operations import BadCall, Operations
 from capacity.releases import DeferredReleases
 from capacity.runner import Runner
 from common import connections
@@ -235,17 +239,6 @@ class LaneStore:
         counts = take()
         if counts:
             self.ops.add_counts(counts)
-
-    def command(self, name, *args, **kwargs):
-        """One plain Redis command within the deadline, raising (kept for the call sites the workers'
-        redesign replaces with verbs)."""
-        return self.ops._command(name, *args, **kwargs)
-
-    def end_work(self, key, token, pointer_key, pointer_ms, joined_key):
-        """Give up a work's claim, set its warm pointer and take its joined mark (kept for the workers'
-        redesign); whether the mark was there."""
-        self.ops.unclaim(key, token, pointer_key, pointer_ms)
-        return bool(self.ops._command('delete', joined_key))
 
     def probe(self):
         """PING within the deadline, whatever the skip window says: True when Redis answered (which closes

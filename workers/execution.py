@@ -1,24 +1,25 @@
-"""Run one admitted heavy call in a worker, with its leases handed over from the API.
+"""Run one admitted heavy call's work in a worker, with its leases handed over from the API.
 
 A plain function, callable and testable without a broker (workers.tasks wraps it in the Celery task). It
-applies what workers.lifecycle decides and never writes a call's state itself:
+applies what workers.lifecycle decides and never writes a work's state itself:
 
-1. load the row (the API commits it right after publishing), renew a queued call's leases to the worker's
-   lease_seconds, and ask `lifecycle.start` to claim it: an expired call is ended unrun, a cancelled or
-   finished one skipped; a message of a call that runs on a live worker raises Busy (the task looks at it
-   again later: a duplicate, or a redelivery from a dying worker). A first delivery whose message carries
-   its leases renews them first and claims the row with its read, in one statement, where the database
-   can (`lifecycle.claim_first`): one round trip less on the path every queued call waits behind;
-2. renew its leases (all or nothing; a redelivered call takes them again: it was admitted once) — from
+1. load the work with its first call (the API commits them right after publishing), renew a queued work's
+   leases to the worker's lease_seconds, and ask `lifecycle.start` to claim it: an expired work is ended
+   unrun, a cancelled or finished one skipped; a message of a work that runs on a live worker raises Busy
+   (the task looks at it again later: a duplicate, or a redelivery from a dying worker). A first delivery
+   whose message carries its leases renews them first and claims the row with its read, in one statement,
+   where the database can (`lifecycle.claim_first`): one round trip less on the path every queued work
+   waits behind;
+2. renew its leases (all or nothing; a redelivered work takes them again: it was admitted once) — from
    then on a dead worker's leases expire within lease_seconds;
 3. keep a heartbeat thread: it beats the row every WORKERS_HEARTBEAT_SECONDS (how a later delivery tells a
    live run from a dead one) and renews the leases every renew_seconds (up to max_hold_seconds). A beat
-   that finds the call no longer its own (cancelled, and Celery's revoke didn't reach the process) stops
-   the work;
+   that finds the work no longer its own (cancelled, and Celery's revoke didn't reach the process) stops
+   it;
 4. run the domain work; record the end with `lifecycle.succeed` or `lifecycle.fail`; release the leases —
-   unless another delivery took the call over, which holds them now; write the log line.
+   unless another delivery took the work over, which holds them now; end it (its calls' log lines).
 
-A lost lease is logged and never stops the work. A call still running at its soft time limit
+A lost lease is logged and never stops the work. A work still running at its soft time limit
 (capacity.config.time_limits, sent with its message) gets Celery's SoftTimeLimitExceeded, which ends it
 `failed` like any error, with a message that says it was stopped by its time limit; one that ignores it is
 killed at the hard limit, and the worker's main process ends it (workers.signals).
@@ -42,17 +43,18 @@ from capacity.admission import lease_from_message
 from capacity.config import get_config
 from capacity.lease import LeaseRenewer
 from common import request_id
-from workers import lifecycle, work
+from workers import lifecycle
+from workers import work as domain
 from workers.models import State
 
 logger = logging.getLogger('heavy_lanes')
 
 
 class Busy(Exception):
-    """Another worker runs the call now: look at this message again in `retry_in` seconds."""
+    """Another worker runs the work now: look at this message again in `retry_in` seconds."""
 
-    def __init__(self, call_id, worker, retry_in):
-        super().__init__(f'Heavy call {call_id} runs on {worker}; this delivery waits {retry_in:.0f} s')
+    def __init__(self, work_id, worker, retry_in):
+        super().__init__(f'Heavy work {work_id} runs on {worker}; this delivery waits {retry_in:.0f} s')
         self.retry_in = retry_in
 
 
@@ -61,8 +63,8 @@ class CallStopped(BaseException):
     code's `except Exception` doesn't swallow it)."""
 
 
-class Work:
-    """The domain work of one call, on the thread that runs it, and a way to stop it from another thread.
+class Running:
+    """The domain work of one run, on the thread that runs it, and a way to stop it from another thread.
 
     Written by hand because nothing in Celery stops a task from inside its own process on demand (revoke
     with terminate kills the process from the worker's main process); CPython's PyThreadState_SetAsyncExc
@@ -75,11 +77,11 @@ class Work:
         self.running = False
         self.stop_asked = False
 
-    def run(self, perform, call):
+    def run(self, perform, work):
         with self.lock:
             self.running = True
         try:
-            return perform(call)
+            return perform(work)
         finally:
             with self.lock:
                 self.running = False
@@ -97,83 +99,84 @@ class Work:
             return True
 
 
-def run(call_id, perform=None, node='', soft_limit=None, leases=None):
-    """Run the call `call_id` and return its result (None when it was skipped or stopped). A failure is
+def run(work_id, perform=None, node='', soft_limit=None, leases=None):
+    """Run the work `work_id` and return its result (None when it was skipped or stopped). A failure is
     recorded and re-raised. `soft_limit` is the message's soft time limit in seconds (for the error);
     `leases`, the worker leases its message carries (Admission.worker_lease_message), if it does."""
-    perform = perform or work.perform
+    perform = perform or domain.perform
     config = get_config()
     early = lease_from_message(leases, config.lease_seconds * 1000) if leases is not None else None
     if early is not None and lifecycle.claim_first_available():
-        # The row is read with the claim, in one statement; the leases are renewed before, as below.
+        # The rows are read with the claim, in one statement; the leases are renewed before, as below.
         renewed = early.renew()
-        call = lifecycle.claim_first(call_id, lifecycle.worker_name(node))
-        if call is not None:
-            with request_id.bound(call.request_id or request_id.get()):
-                return run_loaded(call, perform, node, soft_limit, claimed=(early, renewed))
-    call = lifecycle.load(call_id)
-    if call is None:
-        logger.warning('Heavy call %s has no row: its submission never committed; dropped', call_id)
+        first = lifecycle.claim_first(work_id, lifecycle.worker_name(node))
+        if first is not None:
+            with request_id.bound(first.request_id or request_id.get()):
+                return run_loaded(first, perform, node, soft_limit, claimed=(early, renewed))
+    first = lifecycle.load(work_id)
+    if first is None:
+        logger.warning('Heavy work %s has no row: its submission never committed; dropped', work_id)
         return None
-    with request_id.bound(call.request_id or request_id.get()):  # the row's id is the truth
-        return run_loaded(call, perform, node, soft_limit)
+    with request_id.bound(first.request_id or request_id.get()):  # the row's id is the truth
+        return run_loaded(first, perform, node, soft_limit)
 
 
-def run_loaded(call, perform, node, soft_limit, claimed=None):
-    """Run `call`, as loaded; `claimed`: (lease, renewed) when lifecycle.claim_first claimed it already,
-    with the lease its message carried, renewed just before the claim."""
+def run_loaded(first, perform, node, soft_limit, claimed=None):
+    """Run the work of `first` (its first call, as loaded, with `first.work`); `claimed`: (lease, renewed)
+    when lifecycle.claim_first claimed it already, with the lease its message carried, renewed just before
+    the claim."""
+    work = first.work
     worker = lifecycle.worker_name(node)
     config = get_config()
-    admission = lifecycle.admission_of(call)
     if claimed is not None:
         (lease, renewed), early = claimed, claimed[0].holding
         start = lifecycle.Start(lifecycle.RUN)
     else:
-        lease = admission.worker_lease(config.lease_seconds * 1000)
-        # A queued call's leases last until its queue deadline. Shorten them to the worker's before the row
+        lease = lifecycle.worker_lease(work, config.lease_seconds * 1000)
+        # A queued work's leases last until its queue deadline. Shorten them to the worker's before the row
         # says running: a node lost between the two then leaves them for lease_seconds, not for the
-        # deadline. (Should the call not start here after all, its leases are released or renewed where it
+        # deadline. (Should the work not start here after all, its leases are released or renewed where it
         # ends or runs.)
-        early = lease.holding and call.state == State.QUEUED
+        early = lease.holding and work.state == State.QUEUED
         renewed = lease.renew() if early else False
-        start = lifecycle.start(call, worker)
+        start = lifecycle.start(work, worker)
     if start.kind == lifecycle.EXPIRE:
-        lifecycle.end_unstarted(call.pk, State.EXPIRED)
+        lifecycle.end_unstarted(work.pk, State.EXPIRED)
         return None
     if start.kind == lifecycle.BUSY:
-        raise Busy(call.pk, call.worker, start.retry_in)
+        raise Busy(work.pk, work.worker, start.retry_in)
     if start.kind != lifecycle.RUN:
         return None  # cancelled (or already finished) before it started: its leases were released then
 
-    running = Work()
+    running = Running()
     heartbeat = None
     began = None
-    try:  # from here on the call is ours: whatever stops it (its soft time limit too) ends it here
+    try:  # from here on the work is ours: whatever stops it (its soft time limit too) ends it here
         if lease.holding and not renewed and (early or not lease.renew()):
-            if not (start.redelivered and lease.retake(admission.worker_limits())):
+            if not (start.redelivered and lease.retake(work.lease.get('limits') or [])):
                 lease.lease_lost = True
-                logger.warning('Heavy call %s runs without its leases (lease_lost)', call.pk)
-        heartbeat = start_heartbeat(call, worker, lease, config, running)
+                logger.warning('Heavy work %s runs without its leases (lease_lost)', work.pk)
+        heartbeat = start_heartbeat(work, worker, lease, config, running)
         began = time.monotonic()
-        result = running.run(perform, call)
+        result = running.run(perform, work)
     except CallStopped:
         with terminate_deferred() as ending:
             ending.cancelled = True
-            end(call, worker, lease, heartbeat, recorded=False)
+            end(first, worker, lease, heartbeat, recorded=False)
         return None
     except Exception as ex:
         with terminate_deferred() as ending:
-            ran = ran_for(call, began)
+            ran = ran_for(work, began)
             error = describe(ex, soft_limit or config.max_hold_seconds)
-            recorded = record(heartbeat, lifecycle.fail, call, error, worker=worker)
+            recorded = record(heartbeat, lifecycle.fail, work, error, worker=worker)
             ending.cancelled = not recorded
-            end(call, worker, lease, heartbeat, recorded=recorded, ran=ran)
+            end(first, worker, lease, heartbeat, recorded=recorded, ran=ran)
         raise
     with terminate_deferred() as ending:
-        ran = ran_for(call, began)
-        recorded = record(heartbeat, lifecycle.succeed, call, result, worker=worker)
-        ending.cancelled = not recorded
-        end(call, worker, lease, heartbeat, recorded=recorded, ran=ran)
+        ran = ran_for(work, began)
+        text = record(heartbeat, lifecycle.succeed, work, result, worker=worker)
+        ending.cancelled = text is None
+        end(first, worker, lease, heartbeat, recorded=text is not None, ran=ran, result_text=text)
     return result
 
 
@@ -232,12 +235,12 @@ def terminate_deferred():
 LOG_DRAIN_SECONDS = 0.5
 
 
-def ran_for(call, began):
+def ran_for(work, began):
     """(queue, ms) of a run that began at `began` (time.monotonic()) and ended now, None if it never began:
     what the release measures as the queue's run time (the poll hints read it)."""
     if began is None:
         return None
-    return call.queue, int((time.monotonic() - began) * 1000)
+    return work.queue, int((time.monotonic() - began) * 1000)
 
 
 def describe(ex, soft_limit):
@@ -250,15 +253,15 @@ def describe(ex, soft_limit):
     return lifecycle.Failure.internal(f'{type(ex).__name__}: {ex}')
 
 
-def start_heartbeat(call, worker, lease, config, running):
+def start_heartbeat(work, worker, lease, config, running):
     """Beat the row and renew the leases while the call runs; None if no thread can be started.
 
     A heartbeat that can't start never stops the call: it runs on, and its leases expire lease_seconds
     after the renewal at its start.
     """
     def beat():
-        if not lifecycle.beat(call, worker) and running.stop():
-            logger.warning('Heavy call %s is no longer this worker\'s (cancelled?): its work is stopped', call.pk)
+        if not lifecycle.beat(work, worker) and running.stop():
+            logger.warning('Heavy work %s is no longer this worker\'s (cancelled?): it is stopped', work.pk)
 
     heartbeat = LeaseRenewer(lease, config.renew_seconds, config.max_hold_seconds,
                              tick=min(settings.WORKERS_HEARTBEAT_SECONDS, config.renew_seconds),
@@ -268,7 +271,7 @@ def start_heartbeat(call, worker, lease, config, running):
     except SoftTimeLimitExceeded:
         raise  # the call's time is up, not the limiter's problem
     except Exception as ex:  # noqa: BLE001 - fail open, like every limiter error
-        failopen.record(lease, ex, 'heartbeat start')
+        lease.error = failopen.record(ex, 'heartbeat start')
         return None
     return heartbeat
 
@@ -339,23 +342,23 @@ def close_connection():
     connection.close()
 
 
-def end(call, worker, lease, heartbeat, recorded, ran=None):
-    """After the work: stop the heartbeat, give the leases back and log the end.
+def end(first, worker, lease, heartbeat, recorded, ran=None, result_text=None):
+    """After the work: stop the heartbeat, give the leases back and end it (`first`: its first call).
 
-    `recorded`: lifecycle recorded this run's end. When it didn't, the call was cancelled while it ran (its
-    work has now stopped: `lifecycle.stopped`), or another delivery took it over, which holds its leases.
-    `ran`: (queue, ms) of a run that ended by itself, which the release measures.
+    `recorded`: lifecycle recorded this run's end. When it didn't, the work was cancelled while it ran (it
+    has now stopped: `lifecycle.stopped`), or another delivery took it over, which holds its leases.
+    `ran`: (queue, ms) of a run that ended by itself, which the release measures; `result_text`: the
+    stored result's text of a success (its notice may carry it).
     """
+    work = first.work
     if heartbeat is not None:
         heartbeat.stop()
-    if not recorded and lifecycle.taken_over(call, worker):
-        logger.warning('Heavy call %s was taken over by another delivery; this run ends without a trace', call.pk)
+    if not recorded and lifecycle.taken_over(work, worker):
+        logger.warning('Heavy work %s was taken over by another delivery; this run ends without a trace', work.pk)
         return
     if recorded:
-        lifecycle.end_with_release(call, lease, ran=ran)
-    else:
+        lifecycle.end_with_release(work, lease, ran=ran, result_text=result_text, first=first)
+    elif not lifecycle.stopped(work.pk, lease):
         # Cancelled while it ran, and the work has stopped: the row says so before the leases go back
-        # (lifecycle.stopped), never after.
-        if not lifecycle.stopped(call.pk, lease):
-            lease.release()  # already marked stopped by someone else: a release is harmless twice
-        lifecycle.note_limiter(call, lease)
+        # (lifecycle.stopped), never after. Already marked stopped by someone else: a release is harmless.
+        lease.release()

@@ -1,77 +1,140 @@
-"""The record of every heavy call the API accepted: who, what, which queue, and where it is now.
+"""The records of heavy calls: a `Work` is one run of one computation, a `Call` is one user's handle on it.
 
-The row is also the call's usage record (metering): `rows` units, charged when the call is admitted, and
-given back (`refunded_at`) when it fails. A row exists only for a call that reached its queue: the
-submission service creates it in the same transaction that publishes the message, so a failed publish
-leaves no row. The id is the Celery task id and the lease token (uuid4 hex: 122 random bits, so ids can't
-be guessed). The result itself is stored by the Celery result backend (django-celery-results' TaskResult,
-same id); this row holds the lifecycle, and only workers.lifecycle changes its state.
+A Work is what a worker runs: its inputs (endpoint, flags, payload), its queue and priority, its queue
+deadline, its state, the worker that runs it and its heartbeat, the leases that worker renews, and how it
+ended (error, timings; the result is django-celery-results' TaskResult row with the same id). Its id is the
+Celery task id and the lease token. While it is open (queued or running) it is the one work of its work key
+(workers.sharing): identical calls join it instead of running it again.
+
+A Call is what one user sees: its owner, its Idempotency-Key and fingerprint, its usage (`rows`, charged
+when it was admitted, given back when its work failed), its own admission (its headers and log line), how
+it was served (`served_as`), when it was made and when its owner cancelled it, and the Work it points at.
+The first call of a work has the work's id; a call that joins an open work, or is answered by a succeeded
+one's result (a warm result), is a new Call on that Work. A call's visible state is a pure function of the
+call and its work (workers.lifecycle.seen): nothing of the run is copied into calls.
+
+Only workers.lifecycle writes these rows' states, each through one guarded UPDATE named in TRANSITIONS.
 """
+from dataclasses import dataclass
+
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
 
 class ServedAs(models.TextChoices):
-    RUN = 'run'              # its own work ran (or will run) on a worker
-    COALESCED = 'coalesced'  # it joined an identical call's work (its leader): no lease, no message
-    CACHED = 'cached'        # an identical call's stored result answered it: no admission, no queue
+    RUN = 'run'              # the first call of its work: admitted, its work queued for it
+    COALESCED = 'coalesced'  # it joined an identical call's open work: no lease, no message
+    CACHED = 'cached'        # an identical call's succeeded work answered it: no admission, no queue
 
 
 class State(models.TextChoices):
-    QUEUED = 'queued'
-    RUNNING = 'running'
-    SUCCEEDED = 'succeeded'
-    FAILED = 'failed'
-    CANCELLED = 'cancelled'
-    EXPIRED = 'expired'
+    """A work's state; a call shows its work's, or `cancelled` once its owner cancelled it."""
+
+    QUEUED = 'queued'        # admitted; its message waits on its queue; no worker started it yet
+    RUNNING = 'running'      # a worker runs it; `heartbeat_at` says the worker is alive
+    SUCCEEDED = 'succeeded'  # its result is stored (TaskResult, by the work's id)
+    FAILED = 'failed'        # an error or a time limit: `error`, and what the in-request endpoint answers
+    CANCELLED = 'cancelled'  # its last open call was cancelled, or its message was revoked before it ran
+    EXPIRED = 'expired'      # it didn't start before its queue deadline, and never will
 
 
 FINAL_STATES = (State.SUCCEEDED, State.FAILED, State.CANCELLED, State.EXPIRED)
 OPEN_STATES = (State.QUEUED, State.RUNNING)
 
 
-class HeavyCall(models.Model):
-    id = models.CharField(primary_key=True, max_length=32, editable=False)
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name='heavy_calls')
+@dataclass(frozen=True)
+class Transition:
+    """One state change of a work: the states it may start from and the state it ends in."""
+
+    source: tuple
+    target: State
+
+
+# Every state change of a work, by the name of the workers.lifecycle function that makes it. Each is one
+# guarded UPDATE (`state IN source` in its WHERE clause: workers.lifecycle.transitions.move), so of two
+# racing transitions only one wins; tests/integration/workers/test_transitions.py holds every function
+# against this table.
+TRANSITIONS = {
+    'start': Transition((State.QUEUED,), State.RUNNING),         # a worker claims it
+    'take_over': Transition((State.RUNNING,), State.RUNNING),    # a delivery replaces a worker that is gone
+    'succeed': Transition((State.RUNNING,), State.SUCCEEDED),    # its worker stored the result
+    'fail': Transition((State.RUNNING,), State.FAILED),          # an error, its soft time limit
+    'time_out': Transition((State.RUNNING,), State.FAILED),      # its process was killed at the hard limit
+    'cancel': Transition(OPEN_STATES, State.CANCELLED),          # its last open call was cancelled
+    'revoke': Transition((State.QUEUED,), State.CANCELLED),      # its message was revoked before it started
+    'expire': Transition((State.QUEUED,), State.EXPIRED),        # its queue deadline passed
+}
+
+
+class Work(models.Model):
+    id = models.CharField(primary_key=True, max_length=32, editable=False)  # Celery task id, lease token
+    # The key of identical work (workers.sharing.work_key): an open work answers every call with its key.
+    work_key = models.CharField(max_length=64, blank=True, default='', db_index=True)
     endpoint = models.CharField(max_length=16)
-    queue = models.CharField(max_length=32)  # the Celery queue it runs on (workers.lanes.QUEUES)
     semantic = models.BooleanField(default=False)
     reranker = models.BooleanField(default=False)
     rows = models.PositiveIntegerField(default=0)
+    payload = models.JSONField()  # the validated request body: what the work computes
+    queue = models.CharField(max_length=32)  # the Celery queue it runs on (workers.lanes.QUEUES)
     priority = models.PositiveSmallIntegerField(default=9)  # lower runs first (Redis transport steps)
-    payload = models.JSONField()  # the validated request body
-    fingerprint = models.CharField(max_length=64)  # sha256 of the user-visible inputs
-    # The work's key (workers.sharing.work_key): the endpoint, its inputs and the source version they read.
-    # Identical calls share one run: the first leads; the others point at it (`leader`) and get its result.
-    work_key = models.CharField(max_length=64, blank=True, default='', db_index=True)
-    leader = models.ForeignKey('self', null=True, blank=True, on_delete=models.CASCADE, related_name='followers')
-    served_as = models.CharField(max_length=16, choices=ServedAs.choices, default=ServedAs.RUN)
-    # Its owner cancelled a call whose work other handles still share: the owner sees it cancelled, and the
-    # work goes on for the others (it is cancelled with its last handle).
-    detached_at = models.DateTimeField(null=True, blank=True)
-    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
-    # The submitting request's id (X-Request-Id, or made by the API): the worker's log lines for the call
-    # carry it (common.request_id).
-    request_id = models.CharField(max_length=100, blank=True, default='')
     state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
-    # What admission decided and which lanes the worker must renew and release (capacity.admission).
-    admission = models.JSONField(default=dict)
+    # The leases its worker renews and releases (capacity.admission.Admission.worker_lease_message, with
+    # each lane's limit for a retake): the first call's, without its API host's lane.
+    lease = models.JSONField(default=dict)
+    # Open calls that point at it: 1 when it is made, one more for each call that joins it, one less for
+    # each that is cancelled; the work is cancelled with its last one (lifecycle.ending.cancel).
+    holders = models.PositiveIntegerField(default=1)
+    shared = models.BooleanField(default=False)  # a second call ever joined it
+    attempts = models.PositiveSmallIntegerField(default=0)  # deliveries that started it
+    worker = models.CharField(max_length=255, blank=True, default='')  # '<node> pid <pid>' of its last run
+    heartbeat_at = models.DateTimeField(null=True, blank=True)  # its running worker was alive then
     error = models.TextField(blank=True, default='')
-    # What the in-request endpoint would have answered for this failure: its status and JSON body (a bad row
-    # found by the worker is a 400 naming it). A waiting request answers with these.
+    # What the in-request endpoint would have answered for its failure: its status and JSON body.
     error_status = models.PositiveSmallIntegerField(null=True, blank=True)
     error_body = models.JSONField(null=True, blank=True)
-    attempts = models.PositiveSmallIntegerField(default=0)  # deliveries that started the work
-    worker = models.CharField(max_length=255, blank=True, default='')  # '<node> pid <pid>' of the last run
-    heartbeat_at = models.DateTimeField(null=True, blank=True)  # the running worker was alive then
     lease_lost = models.BooleanField(default=False)
     limiter_error = models.CharField(max_length=300, blank=True, default='')  # a lease error met while running
     created_at = models.DateTimeField(default=timezone.now)
     expires_at = models.DateTimeField()  # the queue deadline: not started by then, it never runs
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    refunded_at = models.DateTimeField(null=True, blank=True)  # usage given back: the call failed
+
+    class Meta:
+        db_table = 'heavy_work'
+        indexes = [
+            models.Index(fields=['queue', 'state', 'priority', 'created_at'], name='heavy_work_queue'),
+            # Retention (ended before a time) and the sweep and metrics (open work) read by state.
+            models.Index(fields=['state', 'finished_at'], name='heavy_work_state_finished'),
+        ]
+
+    def __str__(self):
+        return f'{self.endpoint} work {self.id} {self.state}'
+
+    @property
+    def open(self):
+        return self.state in OPEN_STATES
+
+    @property
+    def finished(self):
+        return self.state in FINAL_STATES
+
+
+class Call(models.Model):
+    id = models.CharField(primary_key=True, max_length=32, editable=False)  # the handle's id (/tasks/<id>/)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name='heavy_calls')
+    work = models.ForeignKey(Work, on_delete=models.CASCADE, related_name='calls')
+    endpoint = models.CharField(max_length=16)
+    rows = models.PositiveIntegerField(default=0)  # its usage: charged when admitted, given back on failure
+    fingerprint = models.CharField(max_length=64)  # sha256 of the user-visible inputs
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    # The submitting request's id (X-Request-Id, or made by the API): the worker's log lines carry it.
+    request_id = models.CharField(max_length=100, blank=True, default='')
+    served_as = models.CharField(max_length=16, choices=ServedAs.choices, default=ServedAs.RUN)
+    # What admission decided for this call: its headers and its log line (capacity.admission).
+    admission = models.JSONField(default=dict)
+    created_at = models.DateTimeField(default=timezone.now)
+    cancelled_at = models.DateTimeField(null=True, blank=True)  # its owner cancelled it
 
     class Meta:
         db_table = 'heavy_calls'
@@ -79,27 +142,6 @@ class HeavyCall(models.Model):
             models.UniqueConstraint(fields=['owner', 'idempotency_key'], name='heavy_call_idempotency',
                                     condition=models.Q(idempotency_key__isnull=False)),
         ]
-        indexes = [
-            models.Index(fields=['queue', 'state', 'priority', 'created_at'], name='heavy_call_queue'),
-            # Retention (finished before a time) and the sweep and metrics (open calls) read by state.
-            models.Index(fields=['state', 'finished_at'], name='heavy_call_state_finished'),
-        ]
 
     def __str__(self):
-        return f'{self.endpoint} {self.id} {self.state}'
-
-    @property
-    def finished(self):
-        """Whether the call is over for its owner: it ended, or its owner cancelled it while others share
-        its work (it is detached: the work goes on for them)."""
-        return self.state in FINAL_STATES or self.detached_at is not None
-
-    @property
-    def seen_state(self):
-        """The state its owner sees: `cancelled` once detached, else its state."""
-        return State.CANCELLED if self.detached_at is not None else self.state
-
-    @property
-    def work_id(self):
-        """The id of the call whose work answers this one: its leader's, or its own."""
-        return self.leader_id or self.pk
+        return f'{self.endpoint} call {self.id} of work {self.work_id}'

@@ -1,20 +1,22 @@
-"""The same work runs once: identical calls share one run (singleflight), and a succeeded call's result
-answers identical calls for `cache.ttl_seconds` (warm results), without admission.
+"""The same work runs once: an identical call joins an open work (singleflight), and a succeeded work's
+result answers identical calls for `cache.ttl_seconds` (a warm result), without admission.
 
-    key = work_key(MATCH, payload, semantic=True, reranker=False)   # the same work, the same key
-    found = find(key)          # a warm result or an open leader of that work, or None (read only)
-    ...                        # the view's rate limit; then the handle (lifecycle.join / serve_cached)
-    lead(key, call_id)         # after admission: claim the work, so identical calls join this one
+    key = work_key(MATCH, payload, owner, semantic=True)   # the same work, the same key
+    found = find(key)          # an open work to join, or a succeeded one whose result is warm, or None
+    ...                        # the handle: workers.lifecycle.join / serve_cached
+    lead(key, work_id)         # after admission: claim the work, so identical calls join this one
 
 A work's key is the endpoint, its user-visible inputs (canonical JSON) and what else its result depends
-on: the version and checksum of the source it reads, and the models that score it. Nothing of the user
-goes into it. The source's version is kept per process (workers.local_cache, dropped when a Source is
-saved or deleted: workers.apps), since every call asks for it. Two Redis keys per work, under the lane prefix (capacity.keys): a claim naming the call that
-runs it while it is open (SET NX, so one call leads across every API host), and a pointer to the call
-whose result is warm. The leader's end gives the claim up and sets the pointer in one script
-(workers.lifecycle.sharing.release_work).
+on: the version and checksum of the source it reads, and the models that score it. Unless
+HEAVY_LANES_SHARE_ACROSS_USERS is on, the key also holds the caller, so only one user's own identical calls
+share (what one user sent is never visible to another as a `coalesced` or `cached` call). The source's
+version is kept per process (workers.local_cache, dropped when a Source is saved or deleted).
 
-Sharing never fails a call: without Redis, or on any error of its own, a call runs its own work.
+The Redis half, all of it here, through the lane store's verbs (capacity.store): a claim naming the open
+work of a key (`…:claim:work:<key>`, so one work leads across every API host) and a pointer to the
+succeeded work whose result is warm (`…:warm:<key>`); a work's end gives the claim up and sets the pointer
+in one script (`work_release`, with its leases' release: capacity.store.LaneStore.release_and_end).
+Sharing never fails a call: without Redis, or on any error, a call runs its own work.
 
 Written by hand: Celery's result backend can't answer "is this work already queued or running", and a
 cache in front of the views (Django's cache framework) would answer without a handle of the user's own.
@@ -23,22 +25,24 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 
-from capacity import failopen
-from capacity.config import get_config
+from django.conf import settings
+from django.utils import timezone
+
+from capacity.config import get_config, time_limits
 from capacity.constants import MATCH
 from capacity.keys import warm_key, work_claim_key
-from capacity.store import get_store
-from workers import lifecycle
+from capacity.store import Unknown, get_store
 from workers.local_cache import SOURCE, LocalCache
-from workers.lifecycle.sharing import claim_ms
-from workers.models import OPEN_STATES, HeavyCall, ServedAs, State
+from workers.models import OPEN_STATES, ServedAs, State, Work
 
-LEADER_ROW_WAIT_SECONDS = 5.0  # a leader claims its work just before it commits its row
+WORK_ROW_WAIT_SECONDS = 5.0  # a work is claimed just before its row is committed
+CLAIM_SLACK_SECONDS = 30     # a work's claim outlives the longest it can stay open by this much
 SOURCE_VERSIONS = LocalCache(SOURCE)  # target_repo_url -> concepts.services.source_version of it
 
 
-def work_key(endpoint, payload, semantic=False, reranker=False):
+def work_key(endpoint, payload, owner_id=None, semantic=False, reranker=False):
     """sha256 of everything a call's result depends on (see the module docstring)."""
     from concepts import services
     body = payload.get('body', payload) if isinstance(payload, dict) else payload
@@ -48,108 +52,101 @@ def work_key(endpoint, payload, semantic=False, reranker=False):
         'source': SOURCE_VERSIONS.get(url, lambda: services.source_version(url)) if url else None,
         'embedder': services.embedder_name() if semantic else None,
         'reranker_model': services.reranker_name() if reranker or endpoint != MATCH else None,
+        'owner': None if settings.HEAVY_LANES_SHARE_ACROSS_USERS else owner_id,
     }, sort_keys=True, separators=(',', ':'), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def claim_ms(config):
+    """How long a work's claim lives: past the longest the work can stay open, queued then running."""
+    return int((config.queue.deadline_seconds + time_limits(config).hard + CLAIM_SLACK_SECONDS) * 1000)
+
+
 @dataclass(frozen=True)
 class Found:
-    """Identical work that can serve a new call: `call` is the leader to join, or the succeeded call whose
-    result answers it (`served_as` says which)."""
+    """Identical work that can serve a new call: `work` is open (the call joins it) or succeeded within the
+    TTL (its result answers the call); `served_as` says which."""
 
     served_as: ServedAs
-    call: HeavyCall
+    work: Work
 
 
 def find(key, config=None):
-    """The open leader or the warm result of the work `key`, or None (this call runs the work itself).
+    """The open work or the warm result of the key `key`, or None (this call runs the work itself).
 
-    Reads only. A claim whose call succeeded serves its result (its end, which turns the claim into the
-    warm pointer, may not have run yet: that moment used to run the work a second time); a claim whose
-    call ended otherwise (its end couldn't give the claim up) is given up here; a claim whose call's row
-    isn't committed yet is waited for, up to LEADER_ROW_WAIT_SECONDS.
+    Reads only. A claim whose work succeeded serves its result (its end, which turns the claim into the warm
+    pointer, may not have run yet); a claim whose work ended otherwise (its end couldn't give the claim up)
+    is given up here; a claim whose work's row isn't committed yet is waited for, up to
+    WORK_ROW_WAIT_SECONDS.
     """
-    store = get_store()
-    if not key or not store.is_available():
+    if not key:
         return None
     config = config or get_config()
     ttl = config.cache.ttl_seconds
-    claim = work_claim_key(key)
-    deadline = time.monotonic() + LEADER_ROW_WAIT_SECONDS
+    store = get_store()
+    deadline = time.monotonic() + WORK_ROW_WAIT_SECONDS
     for _ in range(3):
-        try:
-            warm_id, leader_id = (_text(value) for value in store.command('mget', [warm_key(key), claim]))
-        except Exception as ex:  # noqa: BLE001 - fail open: the call runs its own work
-            failopen.record(None, ex, 'sharing lookup', store)
+        held = store.read(warm_key(key), work_claim_key(key))
+        if not held:
+            return None  # Redis can't say: run it
+        warm_id, open_id = held
+        if warm_id and ttl > 0 and (work := warm(warm_id, ttl)) is not None:
+            return Found(ServedAs.CACHED, work)
+        if not open_id:
             return None
-        if warm_id and ttl > 0:
-            source = warm(warm_id, ttl)
-            if source is not None:
-                return Found(ServedAs.CACHED, source)
-        if not leader_id:
-            return None
-        while (leader := HeavyCall.objects.filter(pk=leader_id).first()) is None and time.monotonic() < deadline:
+        while (work := Work.objects.filter(pk=open_id).first()) is None and time.monotonic() < deadline:
             time.sleep(0.02)
-        if leader is not None and leader.state in OPEN_STATES and leader.work_key == key:
-            return Found(ServedAs.COALESCED, leader)
-        if leader is not None and leader.work_key == key and ttl > 0 and (source := warm(leader.pk, ttl)):
-            # It succeeded and its end hasn't given the claim up yet (nor set the warm pointer): its result.
-            return Found(ServedAs.CACHED, source)
-        try:  # the claim outlived its call (or its call never committed): give it up, look again
-            store.unclaim(claim, leader_id)
-        except Exception as ex:  # noqa: BLE001
-            failopen.record(None, ex, 'sharing unclaim', store)
-            return None
+        if work is not None and work.work_key == key:
+            if work.state in OPEN_STATES:
+                return Found(ServedAs.COALESCED, work)
+            if ttl > 0 and warm(work.pk, ttl) is not None:
+                return Found(ServedAs.CACHED, work)
+        if isinstance(store.unclaim(work_claim_key(key), open_id), Unknown):
+            return None  # it outlived its work, and couldn't be given up: run this call's own
+
     return None
 
 
-def warm(call_id, ttl_seconds):
-    """The succeeded call `call_id` when its result is still warm (it ended less than `ttl_seconds` ago:
-    the config's TTL in force now, even if the pointer was set under a longer one) and stored."""
-    from datetime import timedelta
+def warm(work_id, ttl_seconds):
+    """The succeeded work `work_id` when its result is still warm: it ended less than `ttl_seconds` ago (the
+    config's TTL in force now, even if the pointer was set under a longer one). Its result is stored: the
+    success wrote both in one transaction, and retention deletes both together."""
+    return Work.objects.filter(pk=work_id, state=State.SUCCEEDED,
+                               finished_at__gt=timezone.now() - timedelta(seconds=ttl_seconds)).first()
 
-    from django.utils import timezone
-    source = HeavyCall.objects.filter(
-        pk=call_id, state=State.SUCCEEDED, finished_at__gt=timezone.now() - timedelta(seconds=ttl_seconds)).first()
-    if source is None or source.leader_id is not None or lifecycle.stored_result(source.pk) is None:
+
+def lead(key, work_id, config=None):
+    """Claim the key `key` for the work `work_id` (admitted, about to be enqueued); False when an identical
+    call claimed it since `find` looked (the caller gives its leases back and joins that one). True, too,
+    when Redis can't say: the call then runs its own work."""
+    if not key:
+        return True
+    taken = get_store().claim(work_claim_key(key), work_id, claim_ms(config or get_config()))
+    return taken is not False
+
+
+def abandon(key, work_id):
+    """Give up the claim of a work that won't run after all (its enqueue failed, or lost an
+    Idempotency-Key race): identical calls then run their own work. Best effort: the claim expires, and
+    `find` gives up a claim of a work that has no row."""
+    if key:
+        get_store().unclaim(work_claim_key(key), work_id)
+
+
+def work_release(work):
+    """The arguments of a work's release at its end (capacity.operations.Operations.release_and_end's
+    `work`): its claim given up and, when it succeeded, its result warm for `cache.ttl_seconds`; None for a
+    work no call can share."""
+    if not work.work_key:
         return None
-    return source
+    ttl = get_config().cache.ttl_seconds if work.state == State.SUCCEEDED else 0
+    return work_claim_key(work.work_key), work.pk, warm_key(work.work_key), int(ttl * 1000)
 
 
-def attach(call, found):
-    """Write `call` (a new, unsaved row) as served by `found`; None when the leader's work was cancelled
-    as it joined (the caller looks again)."""
-    if found.served_as == ServedAs.CACHED:
-        return lifecycle.serve_cached(call, found.call)
-    return lifecycle.join(call, found.call)
-
-
-def lead(key, call_id, config=None):
-    """Claim the work `key` for the call `call_id` (admitted, about to be enqueued); False when an
-    identical call claimed it since `find` looked (the caller gives its leases back and joins that one).
-    True, too, when sharing can't be used now: the call then runs its own work."""
-    store = get_store()
-    if not key or not store.is_available():
-        return True
-    try:
-        ms = claim_ms(config or get_config())
-        return bool(store.command('set', work_claim_key(key), call_id, nx=True, px=ms))
-    except Exception as ex:  # noqa: BLE001 - fail open
-        failopen.record(None, ex, 'sharing claim', store)
-        return True
-
-
-def abandon(key, call_id):
-    """Give up the claim of a call that won't run after all (its enqueue failed, or lost an
-    Idempotency-Key race): identical calls then run their own work."""
-    store = get_store()
-    if not key or not store.is_available():
-        return
-    try:
-        store.unclaim(work_claim_key(key), call_id)
-    except Exception as ex:  # noqa: BLE001 - the claim expires, and joiners find no row for it
-        failopen.record(None, ex, 'sharing unclaim', store)
-
-
-def _text(value):
-    return value.decode() if isinstance(value, bytes) else value
+def release_work(work):
+    """`work_release` on its own (an end with no leases to release along). A failure only costs sharing:
+    the claim expires by itself, and `find` gives up a claim of a work that ended."""
+    release = work_release(work)
+    if release is not None:
+        claim, token, pointer, pointer_ms = release
+        get_store().unclaim(claim, token, pointer, pointer_ms)

@@ -39,7 +39,7 @@ from django.db import connection
 
 from common import request_id
 from workers import lanes, lifecycle
-from workers.models import HeavyCall, State
+from workers.models import State, Work
 from workers.pool import PoolReconciler, fork_guard
 
 logger = logging.getLogger('heavy_lanes')
@@ -108,10 +108,10 @@ def release_when_gone(call_id, seconds=None):
     lives on, its run ends the call itself (its heartbeat stops the work). Waits on a thread, for at most
     `seconds` (lease_seconds): the main loop must not. Returns the thread, or None when there is nothing
     to wait for (another delivery runs the call now, or it already stopped)."""
-    call = HeavyCall.objects.filter(pk=call_id).only('state', 'worker', 'heartbeat_at').first()
-    if call is None or call.state != State.CANCELLED or call.heartbeat_at is None:
+    work = Work.objects.filter(pk=call_id).only('state', 'worker', 'heartbeat_at').first()
+    if work is None or work.state != State.CANCELLED or work.heartbeat_at is None:
         return None
-    node, _, pid = call.worker.rpartition(' pid ')
+    node, _, pid = work.worker.rpartition(' pid ')
     if node != (_node[0] if _node else '') or not pid.isdigit():
         return None  # it runs on another node, which ends it
     seconds = seconds if seconds is not None else get_config().lease_seconds
@@ -127,7 +127,7 @@ def _stopped_once_gone(call_id, pid, seconds):
         looks = 0
         while not process_gone(pid):
             looks += 1
-            if time.monotonic() >= deadline or (looks % 20 == 0 and not HeavyCall.objects.filter(
+            if time.monotonic() >= deadline or (looks % 20 == 0 and not Work.objects.filter(
                     pk=call_id, heartbeat_at__isnull=False).exists()):
                 return  # its run ended it, or will: its heartbeat stops the work
             time.sleep(STOP_POLL_SECONDS)

@@ -16,17 +16,18 @@ from django.utils import timezone
 
 from common import connections
 from workers import lanes, messages
-from workers.models import HeavyCall, State
+from workers.models import State, Work
 from workers.pool import read_pools
+
 
 def depth(queue):
     return messages.depth(queue, connections.connect('status', settings.CELERY_BROKER_URL))
 
 
 def oldest_waiting(now=None):
-    """{queue: seconds the oldest call that still waits has waited} (queued, its deadline not passed)."""
+    """{queue: seconds the oldest work that still waits has waited} (queued, its deadline not passed)."""
     now = now or timezone.now()
-    rows = HeavyCall.objects.filter(state=State.QUEUED, expires_at__gt=now).values('queue').annotate(
+    rows = Work.objects.filter(state=State.QUEUED, expires_at__gt=now).values('queue').annotate(
         oldest=Min('created_at'))
     return {row['queue']: round((now - row['oldest']).total_seconds(), 3) for row in rows}
 

@@ -1,24 +1,23 @@
-"""The sweep: every WORKERS_SWEEP_SECONDS (Celery beat, on the `maintenance` queue) it finds the calls that
-nothing else would end or run, and ends or sends them through workers.lifecycle:
+"""The sweep: every WORKERS_SWEEP_SECONDS (Celery beat, on the `maintenance` queue) it finds the work that
+nothing else would end or run, and ends or sends it through workers.lifecycle:
 
-1. a queued call past its queue deadline ends `expired` (its leases are released, its line logged and its
-   message taken off the broker), even when nobody polls it and no worker sees its message;
-2. a queued call older than WORKERS_SWEEP_GRACE_SECONDS whose message is on no broker list and not
+1. a queued work past its queue deadline ends `expired` (its leases are released, its calls' lines logged
+   and its message taken off the broker), even when nobody polls it and no worker sees its message;
+2. a queued work older than WORKERS_SWEEP_GRACE_SECONDS whose message is on no broker list and not
    unacknowledged (a Redis that lost its data, a publish that never landed), or whose message a worker took
    more than that long ago without starting it (the worker lost it: a pool process that died with the job
    in its pipe, a broker connection cut between the read and the run; a message held for its ETA, a
    retry's countdown, counts from then), is published again with the same task id, while its deadline
    hasn't passed; the lost delivery's entry is taken off `unacked`, or kombu would deliver it once more
    after the visibility timeout;
-3. a running call whose heartbeat is older than `lease_seconds` (its worker is gone) and whose message is
+3. a running work whose heartbeat is older than `lease_seconds` (its worker is gone) and whose message is
    nowhere on the broker is published again too: the next delivery takes over (lifecycle.start);
-4. followers still open whose leader ended (its end was cut short before it settled them) end as it did;
-5. a cancelled call whose work was never confirmed stopped, not beaten for longer than `lease_seconds`
-   and counted in no lane any more (its worker is gone: a live run renews its leases until its work has
-   stopped) is marked stopped, and its end logged, as its worker would have (lifecycle.stopped);
-6. the message of a call that ended while queued and is still on a list (a cancel whose discard failed) is
-   taken out, so a queue's depth counts only calls that still wait; so is the unacknowledged entry of a
-   call that ended, once it is older than the grace period (a worker lost that delivery: nothing would
+4. a cancelled work whose run was never confirmed stopped, not beaten for longer than `lease_seconds` and
+   counted in no lane any more (its worker is gone: a live run renews its leases until it has stopped) is
+   marked stopped, as its worker would have (lifecycle.stopped);
+5. the message of a work that ended while queued and is still on a list (a cancel whose discard failed) is
+   taken out, so a queue's depth counts only work that still waits; so is the unacknowledged entry of a
+   work that ended, once it is older than the grace period (a worker lost that delivery: nothing would
    ever acknowledge it).
 
 One sweep runs at a time across the cluster (a Redis lock that expires by itself). A message that appears
@@ -35,7 +34,7 @@ from django.conf import settings
 from capacity.config import get_config
 from common import connections
 from workers import lanes, lifecycle, messages
-from workers.models import HeavyCall, State
+from workers.models import State, Work
 
 logger = logging.getLogger('heavy_lanes')
 LOCK_KEY = 'sweep-lock'
@@ -46,13 +45,12 @@ class SweepReport:
     expired: list = field(default_factory=list)
     resent: list = field(default_factory=list)
     discarded: int = 0
-    settled: int = 0       # followers left open by a leader's end that was cut short
-    stopped: list = field(default_factory=list)  # cancelled calls whose worker was gone
+    stopped: list = field(default_factory=list)  # cancelled work whose worker was gone
     skipped: bool = False  # another sweep held the lock
 
     def to_json(self):
         return {'expired': len(self.expired), 'resent': len(self.resent), 'discarded': self.discarded,
-                'settled': self.settled, 'stopped': len(self.stopped), 'skipped': self.skipped}
+                'stopped': len(self.stopped), 'skipped': self.skipped}
 
 
 def lock(client, seconds):
@@ -81,17 +79,15 @@ def sweep(grace_seconds=None, broker=None):
                   broker or messages.broker())
     finally:
         unlock(client, token)
-    if report.expired or report.resent or report.discarded or report.settled or report.stopped:
+    if report.expired or report.resent or report.discarded or report.stopped:
         logger.info('Sweep: %s', report.to_json())
     return report
 
 
 def run_steps(report, grace_seconds, broker):
-    for leader in lifecycle.unsettled():
-        report.settled += len(lifecycle.settle(leader))
-    for call in lifecycle.overdue():
-        if lifecycle.end_unstarted(call.pk, State.EXPIRED, purge=True):
-            report.expired.append(call.pk)
+    for work in lifecycle.overdue():
+        if lifecycle.end_unstarted(work.pk, State.EXPIRED, purge=True):
+            report.expired.append(work.pk)
     stale_seconds = get_config().lease_seconds
     candidates = lifecycle.maybe_lost(grace_seconds, stale_seconds)
     found = messages.snapshot(lanes.QUEUE_NAMES, broker)
@@ -99,40 +95,40 @@ def run_steps(report, grace_seconds, broker):
     for entry in found.held:
         held.setdefault(entry.call_id, []).append(entry)
     taken_before = time.time() - grace_seconds
-    for call in candidates:
-        if call.pk in found.waiting:
+    for work in candidates:
+        if work.pk in found.waiting:
             continue
-        if call.pk in held:
-            entries = held[call.pk]
-            if call.state != State.QUEUED or any(entry.due_at > taken_before for entry in entries):
+        if work.pk in held:
+            entries = held[work.pk]
+            if work.state != State.QUEUED or any(entry.due_at > taken_before for entry in entries):
                 continue  # a worker has it (running, only just taken, or held until its ETA)
             if not sum(messages.drop_held(entry, broker) for entry in entries):
                 continue  # acknowledged in the meantime: its worker ran it
-            logger.warning('Heavy call %s: a worker took its message %.0f s ago and never started it',
-                           call.pk, time.time() - max(entry.taken_at for entry in entries))
-        if lifecycle.redeliver(call, stale_seconds):
-            report.resent.append(call.pk)
-    for call in lifecycle.stranded(stale_seconds):
-        lease = lifecycle.admission_of(call).worker_lease(0)  # what its worker renews; read only
-        # An uncounted call (admitted while Redis was away) has no lease to tell a live run by: left alone.
-        if lease.holding and lease.counted() is False and lifecycle.stopped(call.pk):
-            logger.warning('Heavy call %s was cancelled while it ran on a worker that is gone: marked stopped',
-                           call.pk)
-            report.stopped.append(call.pk)
+            logger.warning('Heavy work %s: a worker took its message %.0f s ago and never started it',
+                           work.pk, time.time() - max(entry.taken_at for entry in entries))
+        if lifecycle.redeliver(work, stale_seconds):
+            report.resent.append(work.pk)
+    for work in lifecycle.stranded(stale_seconds):
+        lease = lifecycle.worker_lease(work)  # what its worker renews; read only
+        # An uncounted work (admitted while Redis was away) has no lease to tell a live run by: left alone.
+        if lease.holding and lease.counted() is False and lifecycle.stopped(work.pk):
+            logger.warning('Heavy work %s was cancelled while it ran on a worker that is gone: marked stopped',
+                           work.pk)
+            report.stopped.append(work.pk)
     report.discarded = discard_ended(found, taken_before, broker)
 
 
 def discard_ended(found, taken_before, broker):
-    """Take the waiting messages of calls that already ended off the broker, and their unacknowledged
+    """Take the waiting messages of work that already ended off the broker, and their unacknowledged
     entries taken before `taken_before`; return how many were removed."""
     ids = list(found.ids())
     removed = 0
     for start in range(0, len(ids), 500):
-        ended = dict(HeavyCall.objects.filter(pk__in=ids[start:start + 500]).exclude(
+        ended = dict(Work.objects.filter(pk__in=ids[start:start + 500]).exclude(
             state__in=(State.QUEUED, State.RUNNING)).values_list('pk', 'queue'))
-        for call_id, queue in ended.items():
-            if call_id in found.waiting:
-                removed += messages.discard(call_id, queue, broker)
+        for work_id, queue in ended.items():
+            if work_id in found.waiting:
+                removed += messages.discard(work_id, queue, broker)
         for entry in found.held:
             if entry.call_id in ended and entry.due_at <= taken_before:
                 removed += messages.drop_held(entry, broker)

@@ -1,10 +1,8 @@
-"""What a heavy call does once a worker runs it, and giving back the usage of one that failed.
+"""What a heavy call's work does once a worker runs it.
 
 The matching domain (concepts) knows nothing about lanes; this is the one place that maps an endpoint to
 its domain function.
 """
-from django.utils import timezone
-
 from capacity.constants import MATCH, RERANK
 
 
@@ -12,17 +10,11 @@ class UnknownEndpoint(LookupError):
     pass
 
 
-def perform(call):
-    """Run the domain work of `call` (a HeavyCall row) and return its JSON-able result."""
+def perform(work):
+    """Run the domain work of `work` (a Work row) and return its JSON-able result."""
     from concepts import services as service
-    if call.endpoint == MATCH:
-        return service.run_match(call.payload, semantic=call.semantic, reranker=call.reranker)
-    if call.endpoint == RERANK:
-        return service.run_rerank(call.payload)
-    raise UnknownEndpoint(f'No work for endpoint "{call.endpoint}".')
-
-
-def refund(call):
-    """Give back the usage of a call that failed (its row is its usage record); idempotent."""
-    from workers.models import HeavyCall
-    HeavyCall.objects.filter(pk=call.pk, refunded_at__isnull=True).update(refunded_at=timezone.now())
+    if work.endpoint == MATCH:
+        return service.run_match(work.payload, semantic=work.semantic, reranker=work.reranker)
+    if work.endpoint == RERANK:
+        return service.run_rerank(work.payload)
+    raise UnknownEndpoint(f'No work for endpoint "{work.endpoint}".')

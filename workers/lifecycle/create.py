@@ -1,38 +1,75 @@
-"""A call's start in life: its row and its message, in one transaction."""
+"""A call's start in life: a new work with its first call and its message, in one transaction; or a new call
+on a work that exists (joining it while it is open, or answered by its warm result)."""
 from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
 
-from capacity.admission import Admission
+from capacity import counters
 from capacity.config import get_config, time_limits
 from workers import publisher
 from workers.celery import LEASES_HEADER, TASK_NAME, app
+from workers.lifecycle.reads import log_line
+from workers.models import OPEN_STATES, ServedAs, State, Work
 
 
-def send(call, expires=True):
-    """Publish the call's message on its queue, expiring at its queue deadline, with the time limits of the
+def send(work, expires=True, request_id=''):
+    """Publish the work's message on its queue, expiring at its queue deadline, with the time limits of the
     config in force, within the publish deadline (workers.publisher). By task name: the API never imports
     the tasks module, and so none of the workers' signal handlers.
 
-    `expires=False` for a call that already started (sent again to take over from a worker that is gone):
+    `expires=False` for a work that already started (sent again to take over from a worker that is gone):
     the queue deadline bounds the wait for a first start, and a worker discards a message past its
-    `expires` unread, so a takeover after the deadline would never happen and the call would stay
-    `running` on nobody. A call not started yet carries its worker leases (LEASES_HEADER): its worker
+    `expires` unread, so a takeover after the deadline would never happen and the work would stay
+    `running` on nobody. A work not started yet carries its worker leases (LEASES_HEADER): its worker
     renews them and claims the row in one statement, without reading it first (workers.execution.run)."""
     limits = time_limits(get_config())
-    headers = {'request_id': call.request_id or None}
-    if expires:  # a call not started yet: its worker renews these leases, then claims its row in one go
-        headers[LEASES_HEADER] = Admission.from_json(call.admission, token=call.pk).worker_lease_message()
-    publisher.publish(app.send_task, TASK_NAME, args=[call.pk], task_id=call.pk, queue=call.queue,
-                      expires=call.expires_at if expires else None, priority=call.priority,
+    headers = {'request_id': request_id or None}
+    if expires:
+        headers[LEASES_HEADER] = {key: work.lease[key] for key in ('keys', 'token', 'holding', 'acquired_ms')
+                                  if key in work.lease}
+    publisher.publish(app.send_task, TASK_NAME, args=[work.pk], task_id=work.pk, queue=work.queue,
+                      expires=work.expires_at if expires else None, priority=work.priority,
                       soft_time_limit=limits.soft, time_limit=limits.hard, headers=headers)
 
 
-def enqueue(call, publish=None):
-    """Insert `call` (a new, unsaved HeavyCall) and publish its message, in one transaction.
+def enqueue(work, call, publish=None):
+    """Insert `work` and its first call `call` (new, unsaved; the call's id is the work's) and publish the
+    work's message, in one transaction.
 
-    A publish that fails rolls the row back and raises; an IntegrityError means another request with the
-    same Idempotency-Key won the race (the caller answers with that call).
+    A publish that fails rolls both back and raises; an IntegrityError means another request with the same
+    Idempotency-Key won the race (the caller answers with that call).
     """
+    call.work, call.served_as = work, ServedAs.RUN
     with transaction.atomic():
-        call.save(force_insert=True)  # the row is also the call's usage record
-        (publish or send)(call)
+        work.save(force_insert=True)
+        call.save(force_insert=True)  # the call is also its usage record
+        (publish or send)(work, request_id=call.request_id)
+    counters.record_served(work.queue, ServedAs.RUN)
+    return call
+
+
+def join(call, work):
+    """Insert `call` (new, unsaved) as one more handle on `work` while it is open: no lease, no message; it
+    shows the work's state. None when the work ended meanwhile (nothing is written: the caller looks
+    again). The work's row is updated first, under its row lock, so a cancel of its last other call waits
+    for this one (workers.lifecycle.ending.cancel)."""
+    call.work, call.served_as = work, ServedAs.COALESCED
+    with transaction.atomic():
+        if not Work.objects.filter(pk=work.pk, state__in=OPEN_STATES).update(holders=F('holders') + 1,
+                                                                            shared=True):
+            return None
+        call.save(force_insert=True)  # an IntegrityError: another request with this Idempotency-Key won
+    work.refresh_from_db()
+    counters.record_served(work.queue, ServedAs.COALESCED)
+    return call
+
+
+def serve_cached(call, work):
+    """Insert `call` (new, unsaved) as answered by the result of `work`, which succeeded: `succeeded` at
+    once, counted and logged. Nothing of the lanes or the queue is touched."""
+    call.work, call.served_as, call.created_at = work, ServedAs.CACHED, timezone.now()
+    call.save(force_insert=True)
+    counters.record_served(work.queue, ServedAs.CACHED)
+    counters.record_end(work.queue, State.SUCCEEDED)
+    log_line(call, work)
     return call

@@ -1,200 +1,195 @@
-"""Ending a call that won't run, or won't run on: cancel, expiry, a stopped or revoked call, and what
-follows every end (`ended`)."""
+"""Ending: a call cancelled by its owner (and its work with its last open call), a work that won't run or
+won't run on (expired, revoked, stopped), and what follows every end of a work (`ended`)."""
 import logging
-from dataclasses import replace
 
+from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from capacity import counters
-from workers import messages, notify
+from capacity.admission import lease_from_message
+from workers import messages, notify, sharing
 from workers.celery import app
-from workers.lifecycle import sharing
-from workers.lifecycle.reads import admission_of, log_line
-from workers.models import FINAL_STATES, OPEN_STATES, HeavyCall, State
+from workers.lifecycle.reads import log_line
+from workers.lifecycle.transitions import move
+from workers.models import OPEN_STATES, Call, ServedAs, State, Work
 
 logger = logging.getLogger('heavy_lanes')
 
 
+def worker_lease(work, lease_ms=None):
+    """The leases `work`'s worker renews and releases (its first call's, without the API host's lane), as
+    a capacity Lease; `lease_ms` defaults to 0 (a lease only released or read)."""
+    return lease_from_message(work.lease or {'keys': [], 'token': work.pk, 'holding': False}, lease_ms or 0)
+
+
 def cancel(call):
-    """Cancel a queued or running call for its owner; return the state it was cancelled from, or None if
-    it had ended (for its owner: a detached call has).
+    """Cancel `call` for its owner; return the state its work was in (queued or running), or None when the
+    call had ended for its owner already (its work ended, or it was cancelled before).
 
-    A handle that shares its work with others (workers.lifecycle.sharing) only lets go of it: a follower is
-    cancelled alone, a leader with open followers is detached. The work is cancelled with its last handle.
-    """
-    if call.detached_at is not None:
-        return None
-    if call.leader_id is not None:
-        return cancel_follower(call)
-    if sharing.open_followers(call.pk):
-        was = call.state
-        if sharing.detach(call):
-            if not sharing.open_followers(call.pk):  # its followers ended meanwhile: so does the work
-                cancel_work(call)
-            return was
-        call.refresh_from_db()  # it ended, or was detached, meanwhile
-        return None if call.finished else cancel_work(call)
-    return cancel_work(call)
-
-
-def cancel_follower(call):
-    """Cancel one follower; when its leader is detached and this was its last open follower, the work."""
-    now = timezone.now()
-    was = call.state
-    if not HeavyCall.objects.filter(pk=call.pk, state__in=OPEN_STATES).update(state=State.CANCELLED,
-                                                                            finished_at=now):
-        call.refresh_from_db()
-        return None
-    call.refresh_from_db()
-    ended(call)
-    leader = HeavyCall.objects.filter(pk=call.leader_id).first()
-    if leader is not None and leader.detached_at is not None and not sharing.open_followers(leader.pk):
-        cancel_work(leader)
-    return was
-
-
-def cancel_work(call):
-    """Cancel the work of a queued or running call; return the state it was cancelled from, or None.
-
-    A queued call is cancelled at once: a worker's `start` then finds it cancelled and never runs it, so its
-    leases are released here. A running call is stopped where it runs (Celery's revoke with terminate, and
-    its worker's heartbeat as the backstop); its leases are released by that worker once it has stopped.
+    The call is marked cancelled, its count and its log line written now; its work goes on while other
+    open calls point at it, and is cancelled with the last one (`cancel_work`). Done under the work's row
+    lock, so a call joining the work, a worker recording its end and another cancel all see either the
+    work before this or after it.
     """
     now = timezone.now()
-    if HeavyCall.objects.filter(pk=call.pk, state=State.QUEUED).update(state=State.CANCELLED, finished_at=now):
-        was = State.QUEUED
-    elif HeavyCall.objects.filter(pk=call.pk, state=State.RUNNING).update(state=State.CANCELLED, finished_at=now):
-        was = State.RUNNING
+    with transaction.atomic():
+        work = Work.objects.select_for_update().filter(pk=call.work_id).first()
+        if work is None or work.state not in OPEN_STATES:
+            return None
+        if not Call.objects.filter(pk=call.pk, cancelled_at__isnull=True).update(cancelled_at=now):
+            return None
+        was = work.state
+        last = work.holders <= 1
+        if last:
+            move('cancel', work.pk, finished_at=now, holders=0)
+        else:
+            Work.objects.filter(pk=work.pk).update(holders=F('holders') - 1)
+    call.cancelled_at = now
+    work.refresh_from_db()
+    call.work = work
+    counters.record_end(work.queue, State.CANCELLED)
+    log_line(call, work)
+    if last:
+        cancel_work(work, was)
     else:
-        call.refresh_from_db()
-        return None
-    call.refresh_from_db()
-    counters.record_end(call.queue, State.CANCELLED)  # counted at the transition (its worker may be gone)
-    if was == State.QUEUED:
-        lease = admission_of(call).lease()
-        lease.release()
-        ended(call, lease, count=False)
-        discard_message(call)
-    try:
-        app.control.revoke(call.pk, terminate=(was == State.RUNNING), signal='SIGTERM')
-    except Exception:  # noqa: BLE001 - the row says cancelled; a worker checks it before and while running
-        logger.warning('Revoke of cancelled call %s not sent; its worker finds the row cancelled', call.pk)
+        notify.publish(work.pk, State.CANCELLED)  # a bare wake-up: this call's waiting requests look again
     return was
 
 
-def taken_over(call, worker):
-    """Whether another delivery runs `call` now (this worker was presumed gone): it holds the leases."""
-    return HeavyCall.objects.filter(pk=call.pk, state=State.RUNNING).exclude(worker=worker).exists()
+def cancel_work(work, was):
+    """What follows the cancel of a work that was `was` (queued or running): a queued one never runs (a
+    worker's `start` finds it cancelled), so its leases go back and its message comes off the broker now;
+    a running one is stopped where it runs (Celery's revoke with terminate, and its heartbeat as the
+    backstop), and its worker releases its leases once it has stopped (`stopped`)."""
+    if was == State.QUEUED:
+        lease = worker_lease(work)
+        lease.release()
+        note_limiter(work, lease)
+        discard_message(work)
+    notify.publish(work.pk, State.CANCELLED)
+    sharing.release_work(work)  # identical calls start afresh instead of joining it
+    try:
+        app.control.revoke(work.pk, terminate=(was == State.RUNNING), signal='SIGTERM')
+    except Exception:  # noqa: BLE001 - the row says cancelled; a worker checks it before and while running
+        logger.warning('Revoke of cancelled work %s not sent; its worker finds the row cancelled', work.pk)
 
 
-def stopped(call_id, lease=None):
-    """A cancelled call's work has stopped (the process that ran it is gone, or its run stopped it): mark
-    that no worker runs it, release its leases (`lease`, the worker's, or the admission's) and log it, once:
+def taken_over(work, worker):
+    """Whether another delivery runs `work` now (this worker was presumed gone): it holds the leases."""
+    return Work.objects.filter(pk=work.pk, state=State.RUNNING).exclude(worker=worker).exists()
+
+
+def stopped(work_id, lease=None):
+    """A cancelled work's run has stopped (the process that ran it is gone, or its run stopped it): mark
+    that no worker runs it and release its leases (`lease`, the worker's, or the ones its row names), once:
     the worker's main process and the run itself may both say so. False when it wasn't still running."""
-    if not HeavyCall.objects.filter(pk=call_id, state=State.CANCELLED, heartbeat_at__isnull=False).update(
+    if not Work.objects.filter(pk=work_id, state=State.CANCELLED, heartbeat_at__isnull=False).update(
             heartbeat_at=None):
         return False
-    call = HeavyCall.objects.filter(pk=call_id).first()
-    lease = lease or admission_of(call).lease()
+    work = Work.objects.get(pk=work_id)
+    lease = lease or worker_lease(work)
     lease.release()
-    ended(call, lease, count=False)  # counted when it was cancelled
+    note_limiter(work, lease)
     return True
 
 
 def wait_stopped(call, seconds):
-    """Wait up to `seconds` until no worker runs `call` any more (it ended, or it was cancelled and its work
-    has stopped); True when that happened. For a handle that shared its work: until the work stopped, if it
-    was cancelled with this handle."""
-    if call.leader_id is not None or call.detached_at is not None:
-        work = call.leader if call.leader_id is not None else call
-        work.refresh_from_db(fields=['state', 'heartbeat_at', 'finished_at', 'detached_at'])
-        if work.state != State.CANCELLED:
-            return True  # the work goes on for the others
-        call = work
+    """Wait up to `seconds` until no worker runs `call`'s work any more, if it was cancelled with this call
+    (else the work goes on for others, and there is nothing to wait for); True when that happened."""
+    work = call.work
 
     def stopped_now():
-        call.refresh_from_db(fields=['state', 'heartbeat_at', 'finished_at'])
-        return call.state in FINAL_STATES and (call.state != State.CANCELLED or call.heartbeat_at is None)
-    return notify.wait_for(call.pk, stopped_now, seconds)
+        work.refresh_from_db(fields=['state', 'heartbeat_at', 'finished_at'])
+        return work.state != State.CANCELLED or work.heartbeat_at is None
+    return notify.wait_for(work.pk, stopped_now, seconds)
 
 
-def end_unstarted(call_id, state, purge=False):
-    """End a call that won't run (`expired` past its deadline, `cancelled` when revoked before it ran):
-    mark it if it is still open, release its leases, log it. Idempotent. A call that runs (a message of
-    it expired or was revoked while another delivery runs it) is left alone, leases and all. `purge`: its
-    message may still wait on the broker (no worker took it): take it out, so the queue's depth counts only
-    calls that still wait."""
-    now = timezone.now()
-    open_states = [State.QUEUED] if state == State.EXPIRED else list(OPEN_STATES)
-    ended_now = HeavyCall.objects.filter(pk=call_id, state__in=open_states).update(state=state, finished_at=now)
-    call = HeavyCall.objects.filter(pk=call_id).first()
-    if call is None or call.state == State.RUNNING:
+def end_unstarted(work_id, state, purge=False):
+    """End a work that won't run (`expired` past its deadline, `cancelled` when its message was revoked
+    before it ran): mark it if it is still queued, release its leases, end it. Idempotent. A work that runs
+    (a message of it expired or was revoked while another delivery runs it) is left alone, leases and all.
+    `purge`: its message may still wait on the broker (no worker took it): take it out, so the queue's
+    depth counts only work that still waits."""
+    ended_now = move('expire' if state == State.EXPIRED else 'revoke', work_id, finished_at=timezone.now())
+    work = Work.objects.filter(pk=work_id).first()
+    if work is None or work.state == State.RUNNING:
         return False
-    lease = admission_of(call).lease()
+    lease = worker_lease(work)
     lease.release()
     if ended_now:
-        ended(call, lease)
+        ended(work, lease)
     if purge:
-        discard_message(call)
+        discard_message(work)
     return bool(ended_now)
 
 
-def expire(call):
-    """A queued call past its deadline is expired, even before a worker sees its message (which is taken
-    off the broker). A follower's deadline is its leader's: the leader expires, and its followers with it."""
-    if call.state == State.QUEUED and timezone.now() >= call.expires_at:
-        end_unstarted(call.leader_id or call.pk, State.EXPIRED, purge=True)
-        call.refresh_from_db()
-    return call
+def expire(work):
+    """A queued work past its deadline is expired, even before a worker sees its message (which is taken
+    off the broker); returns `work`, fresh."""
+    if work.state == State.QUEUED and timezone.now() >= work.expires_at:
+        end_unstarted(work.pk, State.EXPIRED, purge=True)
+        work.refresh_from_db()
+    return work
 
 
-def discard_message(call):
-    """Take a call that will never run off its queue's broker lists; best effort (the sweep retries)."""
+def discard_message(work):
+    """Take a work that will never run off its queue's broker lists; best effort (the sweep retries)."""
     try:
-        messages.discard(call.pk, call.queue)
+        messages.discard(work.pk, work.queue)
     except Exception as ex:  # noqa: BLE001 - the row says it ended; a worker that gets the message skips it
-        logger.warning('Message of ended call %s left on the broker (%s: %s); the sweep takes it out',
-                       call.pk, type(ex).__name__, ex)
+        logger.warning('Message of ended work %s left on the broker (%s: %s); the sweep takes it out',
+                       work.pk, type(ex).__name__, ex)
 
 
-def ended(call, lease=None, count=True, sent=None):
-    """What follows any end: the counter (once per call: `count`), the log line and the completion notice;
-    for the leader of a work, identical calls stop joining it (and are answered from its result, when it
-    succeeded), then its followers end the same way: looked for only when one joined it (its joined mark),
-    which saves the end of every call that had none a query. A success whose result `succeed` kept
-    (`result_text`) is announced with it, to the call's and its followers' waiting requests. `sent`: what
-    `end_with_release` sent already (capacity.lease.Sent)."""
-    if count:
-        counters.record_end(call.queue, call.state)
-    log_line(call, lease)
-    if sent is None or not sent.published:
-        notify.publish(call.pk, call.state, getattr(call, 'result_text', None))
-    if not leads(call):
-        return
-    joined = sharing.release_work(call) if sent is None else sent.joined
-    if joined is not False:
-        sharing.settle(call)  # a call joined it, or Redis couldn't say: end its open followers
+def open_calls(work, first=None):
+    """The calls `work` ends for: those not cancelled, and not answered from its result after it ended
+    (a warm result ends at once). `first`: its first call, already read (an unshared work has no other)."""
+    if not work.shared:
+        if first is None:
+            first = Call.objects.filter(pk=work.pk).first()
+        return [first] if first is not None and first.cancelled_at is None else []
+    return list(Call.objects.filter(work=work, cancelled_at__isnull=True).exclude(served_as=ServedAs.CACHED))
 
 
-def leads(call):
-    """Whether the call is the leader of a work (identical calls may join it)."""
-    return call.leader_id is None and bool(call.work_key)
+def ended(work, lease=None, result_text=None, first=None, sent=False):
+    """What follows any end of `work`: each of its open calls counted and logged once; its completion
+    notice (with the result's JSON text when it succeeded and no other call shares it: its one waiting
+    owner then answers from the notice alone); identical calls stop joining it, and are answered from its
+    result while it is warm. `sent`: end_with_release sent the notice and the work's release already."""
+    calls = open_calls(work, first)
+    if calls:
+        counters.record_end(work.queue, work.state, len(calls))
+    for call in calls:
+        call.work = work
+        log_line(call, work, lease)
+    if not sent:
+        notify.publish(work.pk, work.state, notice_result(work, result_text))
+        sharing.release_work(work)
 
 
-def end_with_release(call, lease, ran=None):
+def notice_result(work, result_text):
+    """What a work's end announces with its state: the result's text, only for a work that succeeded and
+    that no other call shares (a shared work's calls may have been cancelled since: each reads its own)."""
+    return result_text if work.state == State.SUCCEEDED and not work.shared else None
+
+
+def end_with_release(work, lease, ran=None, result_text=None, first=None):
     """`ended` for a run its worker recorded, whose leases go back now: the release, the completion notice
-    and a leader's work release go to Redis in one round trip (capacity.lease.Lease.release_and_end: the
-    pool process's next call waits behind every round trip of this one's end)."""
-    sent = lease.release_and_end(ran=ran, notice=notify.notice(call.pk, call.state, getattr(call, 'result_text', None)),
-                                 work=sharing.work_release(call) if leads(call) else None)
-    if isinstance(sent.joined, Exception):
-        sent = replace(sent, joined=sharing.work_release_failed(sent.joined, lease.store))
-    note_limiter(call, lease)
-    ended(call, lease, sent=sent)
+    and the work's release go to Redis in one round trip (capacity.lease.Lease.release_and_end: the pool
+    process's next call waits behind every round trip of this one's end)."""
+    published = lease.release_and_end(ran=ran, notice=notify.notice(work.pk, work.state,
+                                                                    notice_result(work, result_text)),
+                                      work=sharing.work_release(work))
+    note_limiter(work, lease)
+    if not published:
+        notify.publish(work.pk, work.state, notice_result(work, result_text))
+        sharing.release_work(work)
+    ended(work, lease, result_text, first, sent=True)
 
 
-def note_limiter(call, lease):
-    """Keep what the limiter met while the call ran (a lost lease, an error) for its log line."""
+def note_limiter(work, lease):
+    """Keep what the limiter met while the work ran (a lost lease, an error) for its calls' log lines."""
     if lease.lease_lost or lease.error:
-        call.lease_lost, call.limiter_error = lease.lease_lost, (lease.error or '')[:300]
-        HeavyCall.objects.filter(pk=call.pk).update(lease_lost=call.lease_lost, limiter_error=call.limiter_error)
+        work.lease_lost, work.limiter_error = lease.lease_lost, (lease.error or '')[:300]
+        Work.objects.filter(pk=work.pk).update(lease_lost=work.lease_lost, limiter_error=work.limiter_error)

@@ -1,6 +1,6 @@
-"""The read side of a call: its admission, result, position, when it should start and finish, the answer
-the in-request endpoint would give, waiting for its end, and its log line. The only code that reads stored
-results."""
+"""The read side of calls and their work: the stored result, the answer the in-request endpoint would give,
+a queued work's position, when it should start and finish, waiting for its end, and a call's log line. The
+only code that reads stored results (django-celery-results' TaskResult, by the work's id)."""
 import json
 import logging
 import time
@@ -13,15 +13,14 @@ from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
-from capacity import failopen
 from capacity.admission import Admission, log_record
 from capacity.config import get_config
-from capacity.keys import holds_key, run_field
+from capacity.keys import run_field
 from capacity.logs import emit
 from capacity.store import get_store
 from workers import estimates, lanes, notify
-from workers.lifecycle.words import CANCELLED, EXPIRED, FAILED
-from workers.models import HeavyCall, State
+from workers.lifecycle.seen import CANCELLED, EXPIRED, seen
+from workers.models import State, Work
 
 logger = logging.getLogger('heavy_lanes')
 
@@ -30,101 +29,73 @@ def admission_of(call):
     return Admission.from_json(call.admission, token=call.pk)
 
 
-def stored_result(call_id):
-    """The JSON text of a stored successful result, or None."""
+def stored_result(work_id):
+    """The JSON text of a work's stored successful result, or None."""
     from django_celery_results.models import TaskResult
-    return TaskResult.objects.filter(task_id=call_id, status=states.SUCCESS).values_list(
+    return TaskResult.objects.filter(task_id=work_id, status=states.SUCCESS).values_list(
         'result', flat=True).first()
 
 
-def result(call):
-    """The stored result of a succeeded call (the Celery result backend holds it, by task id); a handle
-    that shared its work shows its leader's. One that a notice brought (`wait`) isn't read again."""
-    text = getattr(call, 'result_text', None) or stored_result(call.work_id)
+def result(call, result_text=None):
+    """The stored result of a call that succeeded (its work's, by the work's id); `result_text`: the text
+    a completion notice brought (workers.notify), so it isn't read again."""
+    text = result_text or stored_result(call.work_id)
     return json.loads(text) if text else None
 
 
-def error_of(call):
-    """What a client is told about a call that didn't succeed."""
-    if call.detached_at is not None:
-        return CANCELLED
-    return call.error or {State.CANCELLED: CANCELLED, State.EXPIRED: EXPIRED}.get(call.state, FAILED)
-
-
-def answer(call):
+def answer(call, result_text=None):
     """(status, body) the in-request endpoint would have given for a call that ended: 200 with its result;
-    a failure's own status and body; 503 for a call that expired unrun, 409 for one that was cancelled."""
-    if call.detached_at is not None:
-        return 409, {'detail': CANCELLED, 'error_code': 'cancelled'}
-    if call.state == State.SUCCEEDED:
-        return 200, result(call)
-    if call.state == State.FAILED:
-        return call.error_status or 500, call.error_body or {'detail': error_of(call), 'error_code': 'call_failed'}
-    if call.state == State.EXPIRED:
+    its work's failure status and body; 503 for one that expired unrun, 409 for one that was cancelled."""
+    work = call.work
+    now = seen(call, work)
+    if now.state == State.SUCCEEDED:
+        return 200, result(call, result_text)
+    if now.state == State.FAILED:
+        return work.error_status or 500, work.error_body or {'detail': now.error, 'error_code': 'call_failed'}
+    if now.state == State.EXPIRED:
         return 503, {'detail': EXPIRED, 'error_code': 'expired'}
     return 409, {'detail': CANCELLED, 'error_code': 'cancelled'}
 
 
-def position(call):
-    """1-based place of a queued call among the queued calls of its queue (priority, then age); a
-    follower's is its leader's (followers take no place: they have no message)."""
-    if call.state != State.QUEUED or call.detached_at is not None:
+def position(work):
+    """1-based place of a queued work among the queued work of its queue (priority, then age)."""
+    if work.state != State.QUEUED:
         return None
-    if call.leader_id is not None:
-        call = HeavyCall.objects.filter(pk=call.leader_id).only('queue', 'state', 'priority', 'created_at').first()
-        if call is None or call.state != State.QUEUED:
-            return None
-    ahead = HeavyCall.objects.filter(queue=call.queue, state=State.QUEUED, leader__isnull=True).filter(
-        Q(priority__lt=call.priority) | Q(priority=call.priority, created_at__lt=call.created_at)).count()
+    ahead = Work.objects.filter(queue=work.queue, state=State.QUEUED).filter(
+        Q(priority__lt=work.priority) | Q(priority=work.priority, created_at__lt=work.created_at)).count()
     return ahead + 1
 
 
 def run_seconds(queue):
     """The measured mean run time of `queue`'s calls, s (capacity.keys.run_field), or None: nothing
-    measured yet, or the lane store can't be read (a hint is never worth an error)."""
-    store = get_store()
-    if not store.is_available():
-        return None
-    try:
-        value = store.command('hget', holds_key(), run_field(queue))
-    except Exception as ex:  # noqa: BLE001 - fail open: no estimate
-        failopen.record(None, ex, 'run time read', store)
-        return None
-    return int(value) / 1000 if value is not None else None
+    measured yet, or the lane store can't say (a hint is never worth an error)."""
+    ms = get_store().hold(run_field(queue))
+    return ms / 1000 if isinstance(ms, int) else None
 
 
-def estimate(call, position=None, now=None, config=None):
-    """When an unfinished call is expected to start and finish (workers.estimates), from its queue's
-    measured run time, its pool size and the calls running on it; a follower's is its leader's."""
-    if call.finished or call.detached_at is not None:
+def estimate(work, place=None, now=None, config=None):
+    """When an unfinished work is expected to start and finish (workers.estimates), from its queue's
+    measured run time, its pool size and the work running on it."""
+    if work.state not in (State.QUEUED, State.RUNNING):
         return estimates.UNKNOWN
-    work = call
-    if call.leader_id is not None:
-        work = HeavyCall.objects.filter(pk=call.leader_id).only(
-            'queue', 'state', 'priority', 'created_at', 'started_at', 'detached_at').first()
-        if work is None:
-            return estimates.UNKNOWN
     run_s = run_seconds(work.queue)
     if run_s is None:
         return estimates.UNKNOWN
     now = now or timezone.now()
     if work.state == State.RUNNING:
-        started = work.started_at or now
-        return estimates.running((now - started).total_seconds(), run_s)
-    if work.state != State.QUEUED:
-        return estimates.UNKNOWN
+        return estimates.running((now - (work.started_at or now)).total_seconds(), run_s)
     pool = lanes.get_queue(work.queue).pool_size(config or get_config())
     # A resize may leave a few more running than the pool: read a few more.
-    running_now = HeavyCall.objects.filter(queue=work.queue, state=State.RUNNING, leader__isnull=True)
-    started = running_now.values_list('started_at', flat=True)[:max(pool, 0) * 2 + 8]
+    started = Work.objects.filter(queue=work.queue, state=State.RUNNING).values_list(
+        'started_at', flat=True)[:max(pool, 0) * 2 + 8]
     running = [(now - at).total_seconds() for at in started if at is not None]
-    return estimates.queued(position or work_position(work), pool, run_s, running)
+    return estimates.queued(place or position(work), pool, run_s, running)
 
 
 @dataclass(frozen=True)
 class Progress:
-    """Where an unfinished call stands for its client: its place in the queue, when it should start and
-    finish (None: unknown), and the poll hint (Retry-After, s; None once finished)."""
+    """Where an unfinished call stands for its client: its work's place in its queue, when it should start
+    and finish (None: unknown), and the poll hint (Retry-After, s; None once finished)."""
 
     position: int | None = None
     start_at: datetime | None = None
@@ -133,21 +104,19 @@ class Progress:
 
 
 def progress(call):
-    """The Progress of `call` now: its position, its queue's measured estimate and the poll hint from it.
-
-    Without a measured run time the hint is the old one: 1 s while running, else about the position
-    (1–10 s).
-    """
-    if call.finished:
+    """The Progress of `call` now: its work's position, its queue's measured estimate and the poll hint from
+    it. Without a measured run time the hint is 1 s while running, else about the position (1–10 s)."""
+    work = call.work
+    now_seen = seen(call, work)
+    if now_seen.finished:
         return Progress()
-    place = position(call) if call.seen_state == State.QUEUED else None
+    place = position(work)
     now = timezone.now()
     config = get_config()
-    expected = estimate(call, position=place, now=now, config=config)
-    bounds = config.retry_after
-    hint = estimates.poll_after(expected, bounds.min, bounds.max)
+    expected = estimate(work, place=place, now=now, config=config)
+    hint = estimates.poll_after(expected, config.retry_after.min, config.retry_after.max)
     if hint is None:
-        hint = 1 if call.state == State.RUNNING else max(1, min(place or 1, 10))
+        hint = 1 if work.state == State.RUNNING else max(1, min(place or 1, 10))
 
     def at(seconds):
         return None if seconds is None else now + timedelta(seconds=seconds)
@@ -155,38 +124,41 @@ def progress(call):
                     poll_after=hint)
 
 
-def work_position(work):
-    return position(work) if work.state == State.QUEUED else None
+# Waiting for the end of a call's work.
 
-
-# What a waiting request reads again: enough to answer as the task or as the in-request endpoint would.
-
-
-WAIT_FIELDS = ['state', 'started_at', 'finished_at', 'error', 'error_status', 'error_body', 'detached_at']
-
-
+WORK_FIELDS = ['state', 'started_at', 'finished_at', 'error', 'error_status', 'error_body', 'heartbeat_at',
+               'shared']
 HOLD_CONNECTION_SECONDS = 1.0
 
 
 @contextmanager
-def watching(call_id):
-    """A watch on the end of `call_id` (workers.notify) for `wait`, made before the call is published so
-    that no look at its row is needed before its notice."""
+def watching(work_id):
+    """A watch on the end of the work `work_id` (workers.notify) for `wait`, made before the work is
+    published so that no look at its row is needed before its notice."""
     hub = notify.get_hub()
-    watch = hub.watch(call_id)
+    watch = hub.watch(work_id)
     try:
         yield watch
     finally:
         hub.unwatch(watch)
 
 
-def wait(call, seconds, watch=None, for_answer=False):
-    """Wait up to `seconds` for `call` to end; keeps `call`'s state and timings fresh; True when it ended.
+@dataclass(frozen=True)
+class Waited:
+    """How a wait ended: whether the call ended for its owner, and the result's text when a notice
+    brought it (then the rows weren't read again: the call's timings are as they were)."""
 
-    `watch`: the notice watch the caller registered before the call was published (workers.notify).
+    ended: bool
+    result_text: str | None = None
+
+
+def wait(call, seconds, watch=None, for_answer=False):
+    """Wait up to `seconds` for `call` to end for its owner; keeps `call` and `call.work` fresh; a Waited.
+
+    `watch`: the notice watch the caller registered before the work was published (workers.notify).
     `for_answer`: the caller needs only what the in-request endpoint would answer: a notice that carries
-    the call's result ends the wait without reading the row (`call.state` is then fresh, its timings not,
-    and `call.result_text` holds the result for `answer`).
+    the work's result ends the wait without reading the rows (only an unshared work's end carries it:
+    nobody else could have cancelled the call meanwhile).
 
     A waiting request gives its database connection back between looks: at once to the process's pool
     (api/settings.py, DATABASE_POOL_SIZE), else once it has waited HOLD_CONNECTION_SECONDS (Django opens a
@@ -195,14 +167,16 @@ def wait(call, seconds, watch=None, for_answer=False):
     """
     started = time.monotonic()
     pooled = bool(connection.settings_dict.get('OPTIONS', {}).get('pool'))
+    brought = []
 
     def rest():
         if (pooled or time.monotonic() - started >= HOLD_CONNECTION_SECONDS) and not connection.in_atomic_block:
             connection.close()
 
     def finished():
-        call.refresh_from_db(fields=WAIT_FIELDS)
-        if call.finished:
+        call.refresh_from_db(fields=['cancelled_at'])
+        call.work.refresh_from_db(fields=WORK_FIELDS)
+        if seen(call, call.work).finished:
             return True
         rest()
         return False
@@ -210,11 +184,13 @@ def wait(call, seconds, watch=None, for_answer=False):
     def ended_by(notice):
         if notice.state != State.SUCCEEDED or notice.result is None:
             return False
-        call.state, call.result_text = State.SUCCEEDED, notice.result
+        call.work.state = State.SUCCEEDED
+        brought.append(notice.result)
         return True
     if watch is not None:
         rest()  # no first look (wait_for): the connection goes back before the wait, not after it
-    return notify.wait_for(call.pk, finished, seconds, watch=watch, ended_by=ended_by if for_answer else None)
+    done = notify.wait_for(call.work_id, finished, seconds, watch=watch, ended_by=ended_by if for_answer else None)
+    return Waited(done, brought[0] if brought else None)
 
 
 def ms_between(start_at, end_at):
@@ -223,26 +199,26 @@ def ms_between(start_at, end_at):
     return max(int((end_at - start_at).total_seconds() * 1000), 0)
 
 
-def log_line(call, lease=None):
-    """The call's one `ocl_capacity` line: what admission decided plus what happened in the queue."""
+def log_line(call, work, lease=None):
+    """The call's one `ocl_capacity` line: what admission decided for it plus what happened to its work."""
     admission = admission_of(call)
     record = log_record(admission)
     if not record:
         return  # the limiter was off for this call: no counting, no line
+    now = seen(call, work)
     record.update({
-        'queue': call.queue,
+        'queue': work.queue,
         'task_id': call.pk,
-        'state': call.state,
-        'wait_ms': ms_between(call.created_at, call.started_at or call.finished_at),
-        'run_ms': ms_between(call.started_at, call.finished_at),
-        'held_ms': ms_between(call.created_at, call.finished_at) if admission.holding else None,
-        'attempts': call.attempts or None,
+        'state': now.state,
+        'wait_ms': ms_between(call.created_at, now.started_at or now.finished_at),
+        'run_ms': ms_between(now.started_at, now.finished_at),
+        'held_ms': ms_between(call.created_at, now.finished_at) if admission.holding else None,
+        'attempts': work.attempts or None,
         'served_as': call.served_as,
-        'work_id': call.leader_id or None,  # the call whose work (or stored result) answered this one
-        'detached': True if call.detached_at is not None else None,
-        'lease_lost': True if (lease is not None and lease.lease_lost) or call.lease_lost else None,
-        'error': (lease.error if lease is not None and lease.error else None) or call.limiter_error
-        or record.get('error') or (call.error[:300] if call.error else None),
+        'work_id': work.pk if work.pk != call.pk else None,  # the work (or stored result) that answered it
+        'lease_lost': True if (lease is not None and lease.lease_lost) or work.lease_lost else None,
+        'error': (lease.error if lease is not None and lease.error else None) or work.limiter_error
+        or record.get('error') or (now.error[:300] if now.error and now.state == State.FAILED else None),
     })
     try:
         emit(record)

@@ -1,6 +1,6 @@
-"""The sweep's and retention's transitions (workers.sweep, workers.retention): find the calls nothing
-else would end or run, publish again a message that was lost, find cancelled calls whose worker is gone,
-delete old calls with their results."""
+"""The sweep's and retention's reads and transitions (workers.sweep, workers.retention): find the work nothing
+else would end or run, publish again a message that was lost, find cancelled work whose worker is gone,
+delete old work with its calls and results."""
 import logging
 from datetime import timedelta
 
@@ -9,49 +9,44 @@ from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from workers.lifecycle.create import send
-from workers.models import FINAL_STATES, HeavyCall, State
+from workers.models import FINAL_STATES, Call, State, Work
 
 logger = logging.getLogger('heavy_lanes')
 
 
 def overdue(now=None, limit=500):
-    """Queued calls whose queue deadline passed (they will never run), oldest deadline first. Followers
-    are not among them: they end with their leader."""
+    """Queued work whose queue deadline passed (it will never run), oldest deadline first."""
     now = now or timezone.now()
-    overdue_calls = HeavyCall.objects.filter(state=State.QUEUED, expires_at__lte=now, leader__isnull=True).order_by(
-        'expires_at')
-    return list(overdue_calls[:limit])
+    return list(Work.objects.filter(state=State.QUEUED, expires_at__lte=now).order_by('expires_at')[:limit])
 
 
 def maybe_lost(grace_seconds, stale_seconds, now=None, limit=500):
-    """Calls that may have lost their message: queued for more than `grace_seconds` and before their
-    deadline, or running with a heartbeat older than `stale_seconds` (their worker is gone). Followers have
-    no message of their own."""
+    """Work that may have lost its message: queued for more than `grace_seconds` and before its deadline,
+    or running with a heartbeat older than `stale_seconds` (its worker is gone)."""
     now = now or timezone.now()
     queued = Q(state=State.QUEUED, created_at__lt=now - timedelta(seconds=grace_seconds), expires_at__gt=now)
     stale = Q(state=State.RUNNING) & (Q(heartbeat_at__isnull=True) |
                                       Q(heartbeat_at__lt=now - timedelta(seconds=stale_seconds)))
-    return list(HeavyCall.objects.filter(queued | stale, leader__isnull=True).order_by('created_at')[:limit])
+    return list(Work.objects.filter(queued | stale).order_by('created_at')[:limit])
 
 
 def stranded(stale_seconds, now=None, limit=500):
-    """Cancelled calls whose work was never confirmed stopped (`heartbeat_at` still set) and not beaten
-    for more than `stale_seconds`: their worker may be gone with them (a node killed while the call ran,
-    before or after the cancel), so nothing would ever say they stopped. A worker stops beating a call
-    once it is cancelled, so the caller also asks the lanes (workers.sweep): a live run renews its
-    leases until its work has stopped."""
+    """Cancelled work whose run was never confirmed stopped (`heartbeat_at` still set) and not beaten for
+    more than `stale_seconds`: its worker may be gone with it (a node killed while it ran, before or after
+    the cancel), so nothing would ever say it stopped. A worker stops beating a work once it is cancelled,
+    so the caller also asks the lanes (workers.sweep): a live run renews its leases until it has stopped."""
     now = now or timezone.now()
-    return list(HeavyCall.objects.filter(state=State.CANCELLED, heartbeat_at__lt=now - timedelta(
+    return list(Work.objects.filter(state=State.CANCELLED, heartbeat_at__lt=now - timedelta(
         seconds=stale_seconds)).order_by('heartbeat_at')[:limit])
 
 
-def redeliver(call, stale_seconds, now=None):
-    """Publish again the message of a call that lost it (same task id): a queued call before its
-    deadline, or a running one whose worker is gone (the next delivery takes over, see `start`). Reads the
-    row again first; returns whether it was sent. A message found later as well is a duplicate, which
+def redeliver(work, stale_seconds, now=None):
+    """Publish again the message of a work that lost it (same task id): a queued work before its deadline,
+    or a running one whose worker is gone (the next delivery takes over: lifecycle.running.start). Reads
+    the row again first; returns whether it was sent. A message found later as well is a duplicate, which
     `start` drops."""
     now = now or timezone.now()
-    fresh = HeavyCall.objects.filter(pk=call.pk).first()
+    fresh = Work.objects.filter(pk=work.pk).first()
     if fresh is None:
         return False
     if fresh.state == State.QUEUED:
@@ -60,25 +55,24 @@ def redeliver(call, stale_seconds, now=None):
     elif fresh.state != State.RUNNING or (fresh.heartbeat_at is not None and
                                           fresh.heartbeat_at >= now - timedelta(seconds=stale_seconds)):
         return False
-    send(fresh, expires=fresh.state == State.QUEUED)
-    logger.warning('Heavy call %s (%s) had no message on the broker; published it again', fresh.pk,
-                   fresh.state)
+    first = Call.objects.filter(pk=fresh.pk).values_list('request_id', flat=True).first()
+    send(fresh, expires=fresh.state == State.QUEUED, request_id=first or '')
+    logger.warning('Heavy work %s (%s) had no message on the broker; published it again', fresh.pk, fresh.state)
     return True
 
 
 def forget_finished(before, limit=500):
-    """Delete up to `limit` calls that ended before `before`, with their stored results, in one
-    transaction (a call is never left without its result, nor a result without its call); return how many
-    calls were deleted. A call whose result other handles show (workers.lifecycle.sharing) is kept until
-    they are old enough too."""
+    """Delete up to `limit` works that ended before `before`, with their calls and stored results, in one
+    transaction (a call is never left without its work nor a work without its result); return how many
+    works were deleted. A work whose result a younger call shows (a warm result answered it later) is kept
+    until that call is old enough too."""
     from django_celery_results.models import TaskResult
-    young_handles = HeavyCall.objects.filter(leader_id=OuterRef('pk')).filter(
-        Q(finished_at__isnull=True) | Q(finished_at__gte=before))
+    young_calls = Call.objects.filter(work_id=OuterRef('pk'), created_at__gte=before)
     with transaction.atomic():
-        ids = list(HeavyCall.objects.filter(state__in=FINAL_STATES, finished_at__lt=before)
-                   .exclude(Exists(young_handles))
+        ids = list(Work.objects.filter(state__in=FINAL_STATES, finished_at__lt=before)
+                   .exclude(Exists(young_calls))
                    .order_by('finished_at').values_list('pk', flat=True)[:limit])
         if ids:
             TaskResult.objects.filter(task_id__in=ids).delete()
-            HeavyCall.objects.filter(pk__in=ids).delete()
+            Work.objects.filter(pk__in=ids).delete()  # its calls go with it (on_delete=CASCADE)
     return len(ids)

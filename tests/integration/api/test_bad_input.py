@@ -5,7 +5,7 @@ import pytest
 
 from capacity.constants import Lane
 from capacity.keys import lane_key
-from workers.models import HeavyCall
+from workers.models import Call
 
 pytestmark = pytest.mark.redis
 
@@ -66,7 +66,7 @@ def test_malformed_metadata_and_trace_headers_are_ignored(
                     HTTP_X_OCL_EVENT_METADATA=metadata, HTTP_X_AMZN_TRACE_ID=trace)
     assert response.status_code == 202
     assert response['X-OCL-Capacity-Decision'] == 'admitted'
-    record = record_of(HeavyCall.objects.get(pk=response.json()['id']))
+    record = record_of(Call.objects.get(pk=response.json()['id']))
     assert record.get('queue_ms') is None and record['enforced'] is False
 
 
@@ -110,7 +110,7 @@ def test_a_lone_surrogate_is_a_400_naming_where_it_is(path, text, field, make_us
     response = raw_post(api_as(user), path, text)
     assert response.status_code == 400, response.content
     assert field in response.json()['detail']
-    assert lanes_redis.zcard(lane_key(Lane.USER, user.pk)) == 0 and not HeavyCall.objects.exists()
+    assert lanes_redis.zcard(lane_key(Lane.USER, user.pk)) == 0 and not Call.objects.exists()
 
 
 def test_json_nested_three_thousand_deep_is_a_400(make_user, api_as, db):
@@ -130,7 +130,7 @@ def test_an_idempotency_key_is_counted_in_characters(make_user, api_as, tiny_sou
     key = ('é' * 255).encode('utf-8').decode('latin-1')  # what WSGI hands over for UTF-8 header bytes
     first = post(client, body, HTTP_IDEMPOTENCY_KEY=key)
     assert first.status_code == 202, first.content
-    assert HeavyCall.objects.get(pk=first.json()['id']).idempotency_key == 'é' * 255
+    assert Call.objects.get(pk=first.json()['id']).idempotency_key == 'é' * 255
     assert post(client, body, HTTP_IDEMPOTENCY_KEY=key).json()['id'] == first.json()['id']
     too_long = ('é' * 256).encode('utf-8').decode('latin-1')
     assert post(client, body, HTTP_IDEMPOTENCY_KEY=too_long).status_code == 400

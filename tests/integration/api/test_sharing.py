@@ -1,6 +1,7 @@
 """Identical heavy calls over HTTP: the second joins the first's work (no lease, no message, its own
 handle), a succeeded call's result answers identical calls within cache.ttl_seconds without the lane store,
-and a full waiting room refuses before anything is written."""
+and a full waiting room refuses before anything is written. Most cases have sharing across users on; by
+default only one user's own identical calls share."""
 from unittest import mock
 
 import pytest
@@ -8,15 +9,19 @@ import pytest
 from capacity.constants import HEADER_DECISION, HEADER_LIMIT, Lane
 from capacity.keys import lane_key
 from capacity.operations import Operations
-from capacity.store import LaneStore
 from concepts.models import Source
 from tests.integration.api.test_submission import MANY, match, user_leases
 from tests.integration.workers.conftest import wait_until
 from workers import messages
-from workers.models import HeavyCall
+from workers.models import Call
 
 pytestmark = pytest.mark.redis
 ROWS = [{'name': 'high blood pressure'}, {'name': 'heart attack'}]
+
+
+@pytest.fixture(autouse=True)
+def across_users(settings):
+    settings.HEAVY_LANES_SHARE_ACROSS_USERS = True
 
 
 def same(client, source, **headers):
@@ -46,9 +51,9 @@ def test_an_identical_call_joins_the_open_one_without_a_lease_or_a_message(
     assert first.json()['id'] != second.json()['id']
     assert depth(broker) == 1  # one message: one run
     assert user_leases(lanes_redis, first_user) == 1 and user_leases(lanes_redis, second_user) == 0
-    follower = HeavyCall.objects.get(pk=second.json()['id'])
-    assert (follower.served_as, follower.leader_id, follower.owner_id) == ('coalesced', first.json()['id'],
-                                                                          second_user.pk)
+    follower = Call.objects.get(pk=second.json()['id'])
+    assert (follower.served_as, follower.work_id, follower.owner_id) == ('coalesced', first.json()['id'],
+                                                                        second_user.pk)
     # Each handle is its owner's alone.
     assert api_as(first_user).get(f'/tasks/{follower.pk}/').status_code == 404
     body = api_as(second_user).get(f'/tasks/{follower.pk}/').json()
@@ -83,12 +88,12 @@ def test_a_full_waiting_room_refuses_before_anything_is_written(
               queue={'deadline_seconds': 600, 'max_waiting': {'interactive': 0, 'es2_knn': 1, 'api_heavy': 0}})
     client = api_as(make_user('core_user'))
     assert [match(client, tiny_source).status_code for _ in range(2)] == [202, 202]
-    rows, messages_before = HeavyCall.objects.count(), depth(broker)
+    rows, messages_before = Call.objects.count(), depth(broker)
     keys_before = set(lanes_redis.scan_iter(match='*'))
     leases_before = lanes_redis.zcard(lane_key(Lane.ES2_KNN))
     refused = same(client, tiny_source)
     assert refused.status_code == 429 and refused.json()['error_code'] == 'capacity_exceeded'
-    assert HeavyCall.objects.count() == rows and depth(broker) == messages_before  # no row, no message
+    assert Call.objects.count() == rows and depth(broker) == messages_before  # no row, no message
     assert lanes_redis.zcard(lane_key(Lane.ES2_KNN)) == leases_before  # no lease
     new_keys = {key.decode() for key in set(lanes_redis.scan_iter(match='*')) - keys_before}
     assert not [key for key in new_keys if ':claim:' in key]  # and no claim on the work
@@ -108,8 +113,8 @@ def test_a_warm_result_answers_without_the_lane_store_until_the_ttl_or_a_new_ver
     assert warm.status_code == 200 and warm[HEADER_DECISION] == 'cached'
     assert warm.content == cold.content  # byte for byte
     assert handle.status_code == 202 and handle.json()['state'] == 'succeeded'
-    call = HeavyCall.objects.get(pk=handle.json()['id'])
-    assert call.served_as == 'cached' and call.leader_id == cold['Content-Location'].split('/')[2]
+    call = Call.objects.get(pk=handle.json()['id'])
+    assert call.served_as == 'cached' and call.work_id == cold['Content-Location'].split('/')[2]
     assert other.get(f'/tasks/{call.pk}/').json()['result'] == cold.json()
     # After the TTL it runs again, and so it does for a new version of the source.
     wait_until(lambda: same(other, tiny_source)[HEADER_DECISION] != 'cached', timeout=10, interval=0.5,
@@ -133,5 +138,16 @@ def test_the_in_request_answer_of_a_waiting_follower_is_its_leaders(
         thread.join(60)
     assert {response.status_code for response in answers.values()} == {200}
     assert len({response.content for response in answers.values()}) == 1
-    served = sorted(HeavyCall.objects.values_list('served_as', flat=True))
+    served = sorted(Call.objects.values_list('served_as', flat=True))
     assert served.count('run') == 1 and len(served) == 3  # the others joined it, or found its result
+
+
+def test_by_default_only_one_users_own_identical_calls_share(
+        broker, lanes_redis, tiny_source, make_user, api_as, settings):
+    """Nothing a user sees says that someone else sent the same rows lately (docs/operations.md)."""
+    settings.HEAVY_LANES_SHARE_ACROSS_USERS = False
+    one, two = api_as(make_user()), api_as(make_user())
+    assert same(one, tiny_source)[HEADER_DECISION] == 'admitted'
+    assert same(two, tiny_source)[HEADER_DECISION] == 'admitted'  # another user: a work of its own
+    assert same(one, tiny_source)[HEADER_DECISION] == 'coalesced'  # the same user: its own work
+    assert depth(broker) == 2

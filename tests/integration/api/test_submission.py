@@ -12,8 +12,7 @@ from capacity.constants import Lane
 from capacity.keys import lane_key
 from tests.integration.calls import distinct
 from tests.integration.workers.conftest import wait_until
-from workers.lifecycle import admission_of
-from workers.models import HeavyCall
+from workers.models import Call, Work
 
 pytestmark = pytest.mark.redis
 AWARE = {'HTTP_X_OCL_EVENT_METADATA': json.dumps({'capacity_aware': 'true'})}
@@ -49,7 +48,7 @@ def test_the_same_idempotency_key_and_payload_return_the_same_handle_and_take_no
     assert first.status_code == again.status_code == 202
     assert first.json()['id'] == again.json()['id']
     assert user_leases(lanes_redis, user) == 1
-    assert HeavyCall.objects.filter(owner=user).count() == 1  # one call row: one charge
+    assert Call.objects.filter(owner=user).count() == 1  # one call row: one charge
 
 
 def test_the_same_idempotency_key_with_another_payload_is_a_422(broker, lanes_redis, tiny_source, make_user, api_as):
@@ -103,7 +102,7 @@ def test_a_resend_whose_claim_redis_lost_is_still_answered_with_its_first_call(
     other = match(client, tiny_source, rows=[{'name': 'fever'}], HTTP_IDEMPOTENCY_KEY='lost')
     assert other.status_code == 422
     assert other.json()['error_code'] == 'idempotency_conflict'
-    assert HeavyCall.objects.filter(owner=user).count() == 1
+    assert Call.objects.filter(owner=user).count() == 1
     assert user_leases(lanes_redis, user) == 1  # what the resends took was given back
 
 
@@ -127,7 +126,7 @@ def test_racing_requests_with_one_idempotency_key_get_one_call(
         thread.join(30)
     assert sorted(response.status_code for response in answers) == [202] * 6
     assert len({response.json()['id'] for response in answers}) == 1
-    assert HeavyCall.objects.filter(owner=user).count() == 1
+    assert Call.objects.filter(owner=user).count() == 1
     assert user_leases(lanes_redis, user) == 1
     from workers.status import depth
     assert depth('es2_knn') == 1
@@ -139,6 +138,7 @@ def test_racing_requests_with_one_idempotency_key_get_one_call(
 def test_an_unreachable_broker_is_a_503_that_leaves_nothing_behind(
         lanes_redis, tiny_source, make_user, api_as, monkeypatch):
     from celery import Celery
+
     from workers import lifecycle
     from workers.celery import app
     # The same publish, through a Celery app whose broker address has nothing listening (discard port).
@@ -147,18 +147,19 @@ def test_an_unreachable_broker_is_a_503_that_leaves_nothing_behind(
     dead = Celery('unreachable', broker='redis://127.0.0.1:9/0', set_as_current=False)
     dead.conf.update(task_publish_retry_policy=app.conf.task_publish_retry_policy,
                      broker_transport_options=app.conf.broker_transport_options)
-    monkeypatch.setattr(lifecycle.create, 'send', lambda call: dead.send_task(
-        'heavy_lanes.run_heavy_call', args=[call.pk], task_id=call.pk, queue=call.queue))
+    monkeypatch.setattr(lifecycle.create, 'send', lambda work, **options: dead.send_task(
+        'heavy_lanes.run_heavy_call', args=[work.pk], task_id=work.pk, queue=work.queue))
     user = make_user()
     response = match(api_as(user), tiny_source)
     assert response.status_code == 503
     assert response.json()['error_code'] == 'queue_unavailable'
     assert 'nothing was submitted' in response.json()['detail']
-    assert HeavyCall.objects.count() == 0  # the row written before the publish was deleted again
+    assert Call.objects.count() == 0  # the row written before the publish was deleted again
     assert user_leases(lanes_redis, user) == 0
 
 
-def test_enforce_lets_the_waiting_room_fill_then_refuses(broker, lanes_redis, tiny_source, make_user, api_as, configure):
+def test_enforce_lets_the_waiting_room_fill_then_refuses(broker, lanes_redis, tiny_source, make_user, api_as,
+                                                         configure):
     configure(mode='enforce', enforce_for='all', es2_knn=2, per_user=MANY, tiers=MANY,
               queue={'deadline_seconds': 600, 'max_waiting': {'interactive': 0, 'es2_knn': 1, 'api_heavy': 0}})
     client = api_as(make_user('core_user'))
@@ -183,7 +184,7 @@ def test_a_capacity_refusal_costs_no_rate_limit_allowance_and_no_usage(
     limited = answers[2].json()
     assert limited['error_code'] == 'rate_limited' and limited['retry_after'] >= 1
     assert 'scope' not in limited
-    assert HeavyCall.objects.filter(owner=user).count() == 2  # the refused calls left no row (no usage)
+    assert Call.objects.filter(owner=user).count() == 2  # the refused calls left no row (no usage)
     assert user_leases(lanes_redis, user) == 2  # the rate-limited call took no lease either
 
 
@@ -214,8 +215,8 @@ def test_prefer_wait_holds_this_hosts_lane_while_it_waits_then_answers_with_the_
     assert seen.get('held')
     assert response.status_code == 202  # no worker runs: the wait ran out
     assert lanes_redis.zcard(task_key) == 0
-    call = HeavyCall.objects.get(pk=response.json()['id'])
-    assert task_key not in [state.key for state in admission_of(call).worker_lanes()]
+    work = Work.objects.get(pk=response.json()['id'])
+    assert task_key not in work.lease['keys']
     assert user_leases(lanes_redis, user) == 1  # the call itself still holds its lanes
 
 
@@ -314,7 +315,7 @@ def test_a_bad_body_the_worker_finds_is_the_in_request_400_naming_the_field(
     thread = threading.Thread(target=lambda: waiting.setdefault('response', match(client, tiny_source,
                                                                                 HTTP_PREFER='wait=30')))
     thread.start()
-    wait_until(lambda: HeavyCall.objects.exists(), timeout=10, message='the call to be queued')
+    wait_until(lambda: Call.objects.exists(), timeout=10, message='the call to be queued')
     Source.objects.all().delete()
     configure(es2_knn=3)
     thread.join(40)
@@ -336,7 +337,7 @@ def test_a_call_that_fails_is_refunded(start_worker, tiny_source, make_user, api
     task = wait_until(lambda: (lambda b: b if b['state'] not in ('queued', 'running') else None)(
         client.get(f'/tasks/{call_id}/').json()), timeout=30, message='the call to end')
     assert task['state'] == 'failed' and task['error']
-    assert HeavyCall.objects.get(pk=call_id).refunded_at is not None
+    assert Work.objects.get(pk=call_id).state == 'failed'  # its usage is given back: a failed call is free
 
 
 def test_long_polls_share_this_hosts_waiting_slots_and_answer_at_once_when_they_are_taken(
@@ -380,7 +381,7 @@ def test_a_database_that_refuses_writes_is_a_503_that_says_so_and_leaves_no_leas
     assert response.json()['error_code'] == 'database_unavailable' and 'database' in response.json()['detail']
     assert response['Retry-After']
     assert lanes_redis.zcard(lane_key(Lane.USER, user.pk)) == 0
-    assert not HeavyCall.objects.exists()
+    assert not Call.objects.exists()
 
 
 def test_a_config_change_the_database_refuses_is_a_503(make_user, api_as, transactional_db):

@@ -7,7 +7,7 @@ from django.conf import settings
 
 from capacity.constants import HEADERS, Lane
 from capacity.keys import lane_key
-from workers.models import HeavyCall
+from workers.models import Call, Work
 
 pytestmark = pytest.mark.redis
 ROWS = [{'name': 'a'}, {'name': 'b'}]
@@ -59,7 +59,7 @@ def test_semantic_match_is_counted_and_carries_the_headers(broker, lanes_redis, 
     # The 202's Retry-After is when to poll first: nothing measured yet, so its place in the queue (1).
     assert response['Retry-After'] == '1'
     assert response.json()['estimated_start_at'] is None and response.json()['estimated_finish_at'] is None
-    call = HeavyCall.objects.get(pk=response.json()['id'])
+    call = Call.objects.get(pk=response.json()['id'])
     assert record_of(call)['endpoint'] == '$match' and record_of(call)['rows'] == 2
     assert record_of(call)['semantic'] is True
     assert lanes_redis.zcard(lane_key(Lane.USER, user.pk)) == 1  # held while queued
@@ -70,13 +70,13 @@ def test_lexical_match_is_not_a_heavy_call(broker, lanes_redis, tiny_source, mak
     assert response.status_code == 200
     assert not any(header in response for header in HEADERS)
     assert response.json()[0]['row'] == {'name': 'a'} and response['num_returned'] == '0'
-    assert HeavyCall.objects.count() == 0 and lines.call_count == 0
+    assert Call.objects.count() == 0 and lines.call_count == 0
 
 
 def test_reranked_lexical_match_is_a_heavy_call(broker, lanes_redis, tiny_source, make_user, api_as):
     response = match(api_as(make_user()), tiny_source, query='reranker=true')
     assert response.status_code == 202 and response['X-OCL-Capacity-Decision'] == 'admitted'
-    record = record_of(HeavyCall.objects.get(pk=response.json()['id']))
+    record = record_of(Call.objects.get(pk=response.json()['id']))
     assert record['semantic'] is False and record.get('es2_knn_limit') is None
     assert response.json()['lane'] == 'api_heavy'
 
@@ -88,7 +88,7 @@ def test_enforce_refuses_a_match_before_charging_any_usage(
     assert response.status_code == 429
     assert response['Retry-After'] == '120' and response['X-OCL-Capacity-Decision'] == 'refused'
     assert response.json()['error_code'] == 'capacity_exceeded'
-    assert HeavyCall.objects.count() == 0
+    assert Call.objects.count() == 0
     assert lines.call_args.args[0]['state'] == 'refused'
 
 
@@ -98,7 +98,7 @@ def test_a_limiter_error_in_enforce_mode_lets_the_match_through(
     with mock.patch('capacity.decisions.retry_after', side_effect=RuntimeError('boom')):
         response = match(api_as(make_user()), tiny_source)
     assert response.status_code == 202 and response['X-OCL-Capacity-Decision'] == 'unavailable'
-    assert HeavyCall.objects.filter(endpoint='$match', rows=2, refunded_at=None).count() == 1
+    assert Call.objects.filter(endpoint='$match', rows=2).count() == 1
 
 
 def test_shadow_mode_charges_and_queues_as_usual(broker, lanes_redis, tiny_source, make_user, api_as, configure):
@@ -106,20 +106,20 @@ def test_shadow_mode_charges_and_queues_as_usual(broker, lanes_redis, tiny_sourc
     response = match(api_as(make_user()), tiny_source)
     assert response.status_code == 202 and response['X-OCL-Capacity-Decision'] == 'shadow-refused'
     assert response['Retry-After'] == '1'  # a poll hint, not the refusal's wait (shadow refuses nothing)
-    assert HeavyCall.objects.filter(refunded_at=None).count() == 1
+    assert Call.objects.count() == 1
 
 
 def test_rerank_is_counted_and_carries_the_headers(broker, lanes_redis, tiny_source, make_user, api_as):
     response = rerank(api_as(make_user()), {'q': 'fever', 'rows': [{'name': 'Fever'}, {'name': 'Cough'}]})
     assert response.status_code == 202 and response['X-OCL-Capacity-Decision'] == 'admitted'
-    record = record_of(HeavyCall.objects.get(pk=response.json()['id']))
+    record = record_of(Call.objects.get(pk=response.json()['id']))
     assert (record['endpoint'], record['rows'], record['single_row']) == ('$rerank', 2, False)
 
 
 def test_enforce_refuses_a_rerank_before_any_work(broker, lanes_redis, make_user, api_as, configure):
     configure(mode='enforce', enforce_for='all', tiers={'staff': 4, 'core': 4, 'early_access': 3, 'preview': 0})
     response = rerank(api_as(make_user()), {'q': 'fever', 'rows': [{'name': 'Fever'}]})
-    assert response.status_code == 429 and HeavyCall.objects.count() == 0
+    assert response.status_code == 429 and Call.objects.count() == 0
 
 
 def test_an_invalid_rerank_is_not_counted(broker, lanes_redis, make_user, api_as):
@@ -167,7 +167,7 @@ def test_polls_and_handles_say_when_a_call_should_start_and_finish_from_measured
     assert abs((parse(third.json()['estimated_start_at']) - now).total_seconds() - 4) < 1
     # The first starts; 1 s later it has 3 s left, so the third starts in 3 s and ends in 7.
     started = now - timedelta(seconds=1)
-    HeavyCall.objects.filter(pk=first.json()['id']).update(state='running', started_at=started)
+    Work.objects.filter(pk=first.json()['id']).update(state='running', started_at=started)
     running = client.get(f'/tasks/{first.json()["id"]}/')
     assert running['Retry-After'] == '3' and running.json()['estimated_start_at'] is None
     assert abs((parse(running.json()['estimated_finish_at']) - started).total_seconds() - 4) < 1

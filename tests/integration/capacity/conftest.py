@@ -22,8 +22,6 @@ from devstack.processes import free_port
 from tests.conftest import missing_service
 
 
-
-
 @pytest.fixture(autouse=True)
 def config_lines(monkeypatch):
     """The ocl_capacity_config lines, captured instead of written; a cold cache before and after."""

@@ -15,7 +15,7 @@ from capacity.caller import RequestFacts
 from capacity.constants import Decision, Lane
 from capacity.keys import holds_key, lane_key
 from capacity.operations import Operations
-from capacity.store import LaneStore, get_store
+from capacity.store import get_store
 
 pytestmark = pytest.mark.usefixtures('lanes')
 
@@ -332,8 +332,8 @@ def test_the_log_record(make_user, gates, settings):
 
 
 def test_status(make_user, gates, settings):
-    from capacity.status import get_status
     from capacity.config import get_config
+    from capacity.status import get_status
     preview, core = make_user(), make_user('core_user')
     gates(preview)  # semantic
     settings.CAPACITY_TASK_ID = 'task-a'

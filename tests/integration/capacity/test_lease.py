@@ -13,7 +13,7 @@ from capacity.constants import Lane
 from capacity.keys import lane_key
 from capacity.lease import Lease, LeaseRenewer
 from capacity.operations import Ended, Operations
-from capacity.store import LaneStore, get_store
+from capacity.store import get_store
 
 pytestmark = pytest.mark.usefixtures('lanes')
 

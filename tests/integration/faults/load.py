@@ -12,7 +12,7 @@ from datetime import timedelta
 import requests
 
 from tests.integration.calls import distinct
-from workers.models import HeavyCall
+from workers.models import Work
 
 FINAL = ('succeeded', 'failed', 'cancelled', 'expired')
 TERMS = ['high blood pressure', 'sugar diabetes', 'heart attack', 'fever', 'head ache', 'chest pain',
@@ -118,7 +118,7 @@ def capacity_lines(processes):
 
 
 def open_calls(ids):
-    return list(HeavyCall.objects.filter(pk__in=ids).exclude(state__in=FINAL).values_list('pk', 'state'))
+    return list(Work.objects.filter(pk__in=ids).exclude(state__in=FINAL).values_list('pk', 'state'))
 
 
 def wait_all_ended(ids, timeout, late_seconds):
@@ -127,7 +127,7 @@ def wait_all_ended(ids, timeout, late_seconds):
     from django.utils import timezone
     deadline = time.monotonic() + timeout
     while open_calls(ids):
-        late = HeavyCall.objects.filter(pk__in=ids, state='queued',
+        late = Work.objects.filter(pk__in=ids, state='queued',
                                         expires_at__lt=timezone.now() - timedelta(seconds=late_seconds))
         assert not late.exists(), f'queued past the deadline: {list(late.values("pk", "expires_at"))}'
         assert time.monotonic() < deadline, f'calls still open: {open_calls(ids)}'
@@ -158,7 +158,7 @@ def over_admissions(calls, slack_seconds=0.5):
                 spans.setdefault(key, []).append((call.created_at, end, call.pk))
     excess = []
     for key, items in spans.items():
-        for start, _end, call_id in items:
+        for start, _end, _call_id in items:
             holding = [other for s, e, other in items if s <= start < e]
             if len(holding) > limits[key]:
                 excess.append((key, limits[key], sorted(holding)))

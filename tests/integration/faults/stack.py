@@ -123,9 +123,10 @@ class FaultStack:
 
     def status(self):
         """/capacity/status/ as this stack's Redis and the workers' pool registry have it (read in-process)."""
+        from django.test import override_settings
+
         from capacity.config import get_current
         from capacity.status import get_status
-        from django.test import override_settings
         with override_settings(REDIS_URL=self.lanes_url, REDIS_HOST='127.0.0.1', REDIS_PORT=self.redis_server.port,
                                REDIS_DB=0, CELERY_BROKER_URL=self.broker_url):
             from common import connections

@@ -13,7 +13,7 @@ from capacity.constants import Lane
 from capacity.keys import lane_key
 from devstack.processes import Child, free_port
 from tests.integration.workers.conftest import ROOT, wait_until
-from workers.models import HeavyCall
+from workers.models import Work
 from workers.status import depth
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
@@ -64,14 +64,14 @@ def test_killing_an_api_process_mid_request_leaves_no_unqueued_call_and_no_endle
     thread.start()
     task_key = lane_key(Lane.API_HEAVY_TASK, 'api-a')
     # The call is queued and its request is waiting for the result (no worker runs), holding this host's lane.
-    wait_until(lambda: lanes_redis.zcard(task_key) == 1 and HeavyCall.objects.exists(), timeout=20,
+    wait_until(lambda: lanes_redis.zcard(task_key) == 1 and Work.objects.exists(), timeout=20,
                message=f'the request to wait ({answers and getattr(answers[0], "content", answers[0])})')
     killed_at_ms = lanes_redis.time()[0] * 1000
     for pid in children(master.pid):
         os.kill(pid, signal.SIGKILL)
     thread.join(30)
     assert isinstance(answers[0], requests.RequestException) or answers[0].status_code >= 500
-    calls = list(HeavyCall.objects.all())
+    calls = list(Work.objects.all())
     assert len(calls) == 1 and calls[0].state == 'queued'
     assert depth(calls[0].queue) == 1, list(broker.scan_iter('*'))  # recorded as submitted => in the queue
     # The dead request's host lease can't be released by anyone; it ends at its expiry, not never.

@@ -25,7 +25,7 @@ from tests.integration.faults.load import FINAL, capacity_lines
 from tests.integration.workers.conftest import wait_until
 from tests.integration.workers.test_queue import LONG_ROWS
 from workers.execution import LOG_DRAIN_SECONDS
-from workers.models import HeavyCall
+from workers.models import Work
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 CLIENTS = 4
@@ -60,7 +60,7 @@ class Race:
 
 def row_of(call_id):
     fields = ('state', 'attempts', 'started_at', 'heartbeat_at', 'worker')
-    return HeavyCall.objects.filter(pk=call_id).values(*fields).first()
+    return Work.objects.filter(pk=call_id).values(*fields).first()
 
 
 def alive(pid):
@@ -176,7 +176,7 @@ def test_a_delete_racing_the_start_never_lets_the_work_complete_or_its_leases_go
     assert len(races) == CLIENTS * ROUNDS
 
     ids = [race.call_id for race in races]
-    wait_until(lambda: not HeavyCall.objects.filter(pk__in=ids).exclude(state__in=FINAL).exists(), timeout=60,
+    wait_until(lambda: not Work.objects.filter(pk__in=ids).exclude(state__in=FINAL).exists(), timeout=60,
                message='every call to end')
     # Nothing is left on the broker: a delivery the pool lost is sent again or, its call ended, taken off.
     wait_until(lambda: not fault_stack.messages(), timeout=GRACE_SECONDS + 30, interval=0.5,
@@ -192,7 +192,7 @@ def test_a_delete_racing_the_start_never_lets_the_work_complete_or_its_leases_go
     # The race was run: cancels met calls still waiting and calls already running.
     assert len(from_queue) >= 10 and len(from_running) >= 10, (len(from_queue), len(from_running))
 
-    calls = {call.pk: call for call in HeavyCall.objects.filter(pk__in=ids)}
+    calls = {call.pk: call for call in Work.objects.filter(pk__in=ids)}
     # What a poll would show as its result (Celery itself records REVOKED for a message it discarded).
     stored = TaskResult.objects.filter(task_id__in=ids)
     results = set(stored.filter(status='SUCCESS').values_list('task_id', flat=True))

@@ -16,7 +16,7 @@ from tests.integration.faults.load import capacity_lines
 from tests.integration.workers.conftest import wait_until
 from tests.integration.workers.test_queue import LONG_ROWS, ROWS
 from workers import messages
-from workers.models import HeavyCall
+from workers.models import Work
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
@@ -61,7 +61,7 @@ def test_a_duplicate_message_runs_its_call_once_before_while_and_after_it_runs(
     broker.lpush(name, raw)
     assert sum(messages.message_id(entry) == early for entry in broker.lrange(name, 0, -1)) == 2
     configure(es2_knn=3)
-    wait_until(lambda: HeavyCall.objects.get(pk=early).state == 'succeeded', timeout=60,
+    wait_until(lambda: Work.objects.get(pk=early).state == 'succeeded', timeout=60,
                message='the call to run')
     wait_until(lambda: all((fault_stack.status()['queues']['es2_knn']['workers'].get(w.node) or {}).get(
         'processes') == 1 for w in workers), timeout=30, interval=0.2, message='a pool of one on each node')
@@ -69,20 +69,20 @@ def test_a_duplicate_message_runs_its_call_once_before_while_and_after_it_runs(
     # While it runs: a long call's taken message is pushed back onto its queue; the other node takes the
     # copy while the first runs the call.
     running = post(url, token, tiny_source, LONG_ROWS, reranker='true', limit='100')
-    wait_until(lambda: HeavyCall.objects.get(pk=running).state == 'running', timeout=60, interval=0.02,
+    wait_until(lambda: Work.objects.get(pk=running).state == 'running', timeout=60, interval=0.02,
                message='the long call to run')
     taken = wait_until(lambda: taken_entry(broker, running), timeout=10, interval=0.02, message='its message')
     push_copy(broker, taken, 'es2_knn')
     wait_until(lambda: deliveries(workers, running)['retry'] == 1, timeout=10, interval=0.02,
                message='the copy to meet the call running on the other node')
-    assert HeavyCall.objects.get(pk=running).state == 'running'
+    assert Work.objects.get(pk=running).state == 'running'
 
     # After it ended: the first call's message once more.
     broker.lpush(name, raw)
 
     ids = [early, running]
     rows = {early: len(ROWS), running: len(LONG_ROWS)}
-    wait_until(lambda: all(HeavyCall.objects.get(pk=i).state == 'succeeded' for i in ids), timeout=60,
+    wait_until(lambda: all(Work.objects.get(pk=i).state == 'succeeded' for i in ids), timeout=60,
                message='both calls to succeed')
     # Every delivery is handled (a copy that met the call running looks again once its heartbeat would be
     # stale, lease_seconds), and the broker holds nothing of them.
@@ -91,7 +91,7 @@ def test_a_duplicate_message_runs_its_call_once_before_while_and_after_it_runs(
                message=f'every copy handled: {[deliveries(workers, i) for i in ids]}')
 
     for call_id in ids:
-        call = HeavyCall.objects.get(pk=call_id)
+        call = Work.objects.get(pk=call_id)
         assert (call.state, call.attempts) == ('succeeded', 1)
         assert TaskResult.objects.filter(task_id=call_id).count() == 1
         ends = [line for line in capacity_lines(workers) if line.get('task_id') == call_id]

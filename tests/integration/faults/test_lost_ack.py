@@ -9,7 +9,7 @@ import requests
 from tests.integration.calls import distinct
 from tests.integration.workers.conftest import wait_until
 from tests.integration.workers.test_queue import LONG_ROWS
-from workers.models import HeavyCall
+from workers.models import Work
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
@@ -28,7 +28,7 @@ def pool_of(stack, node):
 
 
 def running_at_once(ids):
-    return HeavyCall.objects.filter(pk__in=ids, state='running').count()
+    return Work.objects.filter(pk__in=ids, state='running').count()
 
 
 def test_an_ack_lost_in_a_stall_keeps_the_pool_running_two_calls_at_once(
@@ -47,11 +47,11 @@ def test_an_ack_lost_in_a_stall_keeps_the_pool_running_two_calls_at_once(
                message="the worker's first binding refresh")
     token = make_user('core_user').auth_token.key
     first = long_call(url, token, tiny_source)
-    wait_until(lambda: HeavyCall.objects.filter(pk=first, state='running').exists(), timeout=60,
+    wait_until(lambda: Work.objects.filter(pk=first, state='running').exists(), timeout=60,
                message='the first call to run')
     fault_stack.redis_server.pause()
     try:
-        wait_until(lambda: HeavyCall.objects.get(pk=first).finished, timeout=60, message='the call to end')
+        wait_until(lambda: Work.objects.get(pk=first).finished, timeout=60, message='the call to end')
         # Its acknowledgement fails at the broker's socket timeout (2 s) while Redis is stopped.
         wait_until(lambda: 'acknowledgement failed' in worker.output() or "Couldn't ack" in worker.output(),
                    timeout=20, message='the lost ack')
@@ -63,7 +63,7 @@ def test_an_ack_lost_in_a_stall_keeps_the_pool_running_two_calls_at_once(
     ids = [long_call(url, token, tiny_source) for _ in range(2)]
     peak = 0
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not all(HeavyCall.objects.get(pk=i).finished for i in ids):
+    while time.monotonic() < deadline and not all(Work.objects.get(pk=i).finished for i in ids):
         peak = max(peak, running_at_once(ids))
         time.sleep(0.02)
     assert peak == 2, worker.output()[-3000:]

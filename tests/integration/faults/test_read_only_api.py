@@ -7,7 +7,7 @@ import pytest
 import requests
 
 from tests.integration.workers.test_queue import ROWS
-from workers.models import HeavyCall
+from workers.models import Work
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
@@ -47,7 +47,7 @@ def test_an_api_whose_database_refuses_writes_says_so_and_submits_nothing(
                submit(read_only, token, tiny_source),  # waits in the request, as OCL's clients do
                submit(read_only, token, tiny_source, Prefer='respond-async', **{'Idempotency-Key': 'k-1'})]
     assert all(refused_by_the_database(a) for a in answers), [(a.status_code, a.text) for a in answers]
-    assert HeavyCall.objects.count() == 0
+    assert Work.objects.count() == 0
     assert fault_stack.messages() == set()  # no message without a row
     assert fault_stack.leases() == 0 and fault_stack.lease_members() == ({}, 0)
     assert claims(fault_stack) == []
@@ -59,5 +59,5 @@ def test_an_api_whose_database_refuses_writes_says_so_and_submits_nothing(
     writable = fault_stack.api('api-rw')
     accepted = submit(writable, token, tiny_source, Prefer='respond-async', **{'Idempotency-Key': 'k-1'})
     assert accepted.status_code == 202, accepted.text
-    assert list(HeavyCall.objects.values_list('pk', flat=True)) == [accepted.json()['id']]
+    assert list(Work.objects.values_list('pk', flat=True)) == [accepted.json()['id']]
     assert fault_stack.messages() == {accepted.json()['id']}

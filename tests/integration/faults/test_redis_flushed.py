@@ -15,7 +15,7 @@ from tests.integration.calls import distinct
 from tests.integration.faults.load import FINAL, capacity_lines, wait_all_ended
 from tests.integration.workers.conftest import wait_until
 from tests.integration.workers.test_queue import LONG_ROWS, ROWS
-from workers.models import HeavyCall
+from workers.models import Work
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 DEADLINE_SECONDS = 20
@@ -45,7 +45,7 @@ def test_calls_queued_when_redis_is_flushed_all_end_and_none_stays_queued(
     # Two long calls take the pool (their messages taken, unacknowledged); four more wait on es2_knn's
     # list and two single-row calls on `interactive`'s, which no worker serves.
     running = [post(url, token, tiny_source, LONG_ROWS, reranker='true', limit='100') for _ in range(2)]
-    wait_until(lambda: HeavyCall.objects.filter(pk__in=running, state='running').count() == 2, timeout=60,
+    wait_until(lambda: Work.objects.filter(pk__in=running, state='running').count() == 2, timeout=60,
                interval=0.02, message='the long calls to run')
     waiting = [post(url, token, tiny_source, ROWS) for _ in range(4)]
     unserved = [post(url, token, tiny_source, ROWS[:1]) for _ in range(2)]
@@ -59,10 +59,10 @@ def test_calls_queued_when_redis_is_flushed_all_end_and_none_stays_queued(
 
     ids = running + waiting + unserved
     # Every call ends; one whose deadline passed is never left queued (the sweep ends it within a sweep).
-    deadline = max(HeavyCall.objects.get(pk=i).expires_at for i in ids)
+    deadline = max(Work.objects.get(pk=i).expires_at for i in ids)
     wait_all_ended(ids, timeout=DEADLINE_SECONDS + 30, late_seconds=3 * SWEEP_SECONDS)
     assert timezone.now() < deadline + timedelta(seconds=10)
-    calls = {call.pk: call for call in HeavyCall.objects.filter(pk__in=ids)}
+    calls = {call.pk: call for call in Work.objects.filter(pk__in=ids)}
     assert {calls[i].state for i in running + waiting} == {'succeeded'}  # ran: sent again by the sweep
     assert {calls[i].state for i in unserved} == {'expired'}
     resent = sum(int(count) for line in maintenance.output().splitlines() if 'Sweep: ' in line
@@ -82,7 +82,7 @@ def test_calls_queued_when_redis_is_flushed_all_end_and_none_stays_queued(
 
     # The stack goes on: a new call is queued and runs, and gives its leases back.
     after = post(url, token, tiny_source, ROWS)
-    wait_until(lambda: HeavyCall.objects.get(pk=after).state == 'succeeded', timeout=30,
+    wait_until(lambda: Work.objects.get(pk=after).state == 'succeeded', timeout=30,
                message='a new call to run')
-    assert HeavyCall.objects.get(pk=after).attempts == 1
+    assert Work.objects.get(pk=after).attempts == 1
     wait_until(lambda: fault_stack.leases() == 0, timeout=10, message='its leases to go back')

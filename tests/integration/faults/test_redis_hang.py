@@ -13,7 +13,7 @@ from capacity.store import use_store
 from common import connections
 from tests.integration.workers.conftest import wait_until
 from tests.integration.workers.test_queue import LONG_ROWS, submit
-from workers.models import HeavyCall
+from workers.models import Work
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 DEADLINE = 0.3
@@ -51,7 +51,7 @@ def test_a_hung_lanes_redis_costs_one_call_the_deadline_and_the_work_goes_on(
                  CAPACITY_REDIS_DEADLINE_SECONDS=DEADLINE, CAPACITY_REDIS_RETRY_SECONDS=SKIP)
     client = api_as(make_user('core_user'))
     running = submit(client, tiny_source, rows=LONG_ROWS, reranker=True, limit=100).json()['id']
-    wait_until(lambda: HeavyCall.objects.filter(pk=running, state='running').exists(), timeout=30,
+    wait_until(lambda: Work.objects.filter(pk=running, state='running').exists(), timeout=30,
                interval=0.02, message='the long call to run')
     hanging_lanes.pause()
     try:
@@ -68,14 +68,14 @@ def test_a_hung_lanes_redis_costs_one_call_the_deadline_and_the_work_goes_on(
         assert max(timings[1:]) < DEADLINE  # ...the next ones skip Redis at once
         # The worker goes on running calls while the lanes are unreachable.
         for call_id in [running, *ids]:
-            wait_until(lambda: HeavyCall.objects.get(pk=call_id).state == 'succeeded', timeout=60,
+            wait_until(lambda call_id=call_id: Work.objects.get(pk=call_id).state == 'succeeded', timeout=60,
                        interval=0.2, message=f'{call_id} to succeed during the hang')
     finally:
         hanging_lanes.resume()
     time.sleep(SKIP + 0.2)
     after = submit(client, tiny_source)
     assert after['X-OCL-Capacity-Decision'] == 'admitted'  # counting resumed
-    wait_until(lambda: HeavyCall.objects.get(pk=after.json()['id']).state == 'succeeded', timeout=30,
+    wait_until(lambda: Work.objects.get(pk=after.json()['id']).state == 'succeeded', timeout=30,
                message='the call after the hang')
     # The releases met by the skip window were deferred: they are sent once the window has passed.
     wait_until(lambda: in_flight(hanging_lanes.port) == 0, timeout=20, interval=0.5, message='no lease left')
@@ -91,8 +91,8 @@ def test_a_hung_redis_that_is_also_the_broker_is_a_clear_503_with_nothing_half_s
     same = Celery('same-redis', broker=f'redis://127.0.0.1:{hanging_lanes.port}/1', set_as_current=False)
     same.conf.update(task_publish_retry_policy=app.conf.task_publish_retry_policy,
                      broker_transport_options=app.conf.broker_transport_options)
-    monkeypatch.setattr(lifecycle.create, 'send', lambda call: same.send_task(
-        'heavy_lanes.run_heavy_call', args=[call.pk], task_id=call.pk, queue=call.queue))
+    monkeypatch.setattr(lifecycle.create, 'send', lambda work, **options: same.send_task(
+        'heavy_lanes.run_heavy_call', args=[work.pk], task_id=work.pk, queue=work.queue))
     user = make_user()
     hanging_lanes.pause()
     try:
@@ -103,6 +103,6 @@ def test_a_hung_redis_that_is_also_the_broker_is_a_clear_503_with_nothing_half_s
         hanging_lanes.resume()
     assert response.status_code == 503 and response.json()['error_code'] == 'queue_unavailable'
     assert took < 10
-    assert HeavyCall.objects.count() == 0
+    assert Work.objects.count() == 0
     assert in_flight(hanging_lanes.port) == 0
     connection.close()

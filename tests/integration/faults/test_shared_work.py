@@ -1,6 +1,7 @@
-"""Identical calls on the real stack (two gunicorn API processes, a prefork lane worker, a private Redis):
-20 identical calls from 4 users run their work once; cancelling all but one handle leaves the work to the
-last, cancelling all cancels it; a leader that fails fails every handle with its error. No lease is left."""
+"""Identical calls on the real stack (two gunicorn API processes, a prefork lane worker, a private Redis),
+with sharing across users on: 20 identical calls from 4 users run their work once; cancelling all but one
+handle leaves the work to the last, cancelling all cancels it; a work that fails fails every handle with its
+error. No lease is left."""
 import json
 import re
 import threading
@@ -11,7 +12,7 @@ import requests
 from concepts.models import Source
 from tests.integration.workers.conftest import wait_until
 from tests.integration.workers.test_queue import LONG_ROWS
-from workers.models import HeavyCall
+from workers.models import Call, Work
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 FINAL = ('succeeded', 'failed', 'cancelled', 'expired')
@@ -69,6 +70,7 @@ def served_metric(url, served_as):
 @pytest.fixture
 def stack(fault_stack, configure):
     configure(es2_knn=3, per_user=WIDE, tiers=WIDE, api_heavy={'cluster': 40, 'per_task': 40})
+    fault_stack.common['HEAVY_LANES_SHARE_ACROSS_USERS'] = 'true'  # four users' identical calls share
     return fault_stack
 
 
@@ -95,9 +97,10 @@ def test_twenty_identical_calls_from_four_users_through_two_apis_run_once(stack,
         other = tokens[(i + 1) % 4]  # each handle is its owner's alone
         assert requests.get(f'{urls[1]}/tasks/{call_id}/', headers={'Authorization': f'Token {other}'},
                             timeout=10).status_code == 404
-    calls = HeavyCall.objects.filter(pk__in=ids.values())
+    calls = Call.objects.filter(pk__in=ids.values())
     assert sorted(call.served_as for call in calls) == ['coalesced'] * 19 + ['run']
-    assert sum(call.attempts for call in calls) == 1  # one worker execution
+    [work] = Work.objects.filter(calls__in=calls).distinct()  # one work for the 20 calls
+    assert work.attempts == 1  # one worker execution
     assert {call.owner_id for call in calls} == {user.pk for user in users}
     lines = [line for line in capacity_lines(stack, worker) if line['task_id'] in ids.values()]
     assert sorted(line['served_as'] for line in lines) == ['coalesced'] * 19 + ['run']
@@ -116,7 +119,7 @@ def test_cancelling_all_handles_but_one_leaves_the_work_and_cancelling_all_cance
                            for i in range(20)])
         assert {response.status_code for response in answers} == {202}
         calls = [(tokens[i % 4], response.json()['id']) for i, response in enumerate(answers)]
-        return calls, HeavyCall.objects.get(pk__in=[call_id for _, call_id in calls], served_as='run')
+        return calls, Call.objects.get(pk__in=[call_id for _, call_id in calls], served_as='run')
 
     def cancel(token, call_id):
         return requests.delete(f'{url}/tasks/{call_id}/', headers={'Authorization': f'Token {token}'}, timeout=30)
@@ -127,7 +130,7 @@ def test_cancelling_all_handles_but_one_leaves_the_work_and_cancelling_all_cance
     assert stack.leases() > 0
     answers = at_once([lambda c=c: cancel(*c) for c in calls])
     assert {response.json()['state'] for response in answers} == {'cancelled'}
-    assert HeavyCall.objects.get(pk=leader.pk).state == 'cancelled'
+    assert Work.objects.get(pk=leader.pk).state == 'cancelled'
     assert stack.leases() == 0
     # 19 of 20 cancelled: the work goes on for the 20th.
     stack.worker(name='knn', queues=('es2_knn',))
@@ -137,9 +140,9 @@ def test_cancelling_all_handles_but_one_leaves_the_work_and_cancelling_all_cance
         if call_id != last[1]:
             assert cancel(token, call_id).json()['state'] == 'cancelled'
     assert poll(url, *last)['state'] == 'succeeded'
-    assert HeavyCall.objects.get(pk=leader.pk).state == 'succeeded'  # the work's; its owner sees cancelled
+    assert Work.objects.get(pk=leader.pk).state == 'succeeded'  # the work's; its owner sees cancelled
     assert poll(url, *next(c for c in calls if c[1] == leader.pk))['state'] == 'cancelled'
-    assert HeavyCall.objects.filter(pk__in=[c[1] for c in calls], served_as='run').get().attempts == 1
+    assert Work.objects.get(pk=leader.pk).attempts == 1
     wait_until(lambda: stack.leases() == 0, timeout=10, message='the leases to go back')
 
 
@@ -154,5 +157,5 @@ def test_a_leader_that_fails_fails_every_handle_with_its_error(stack, tiny_sourc
     tasks = [poll(url, token, response.json()['id']) for token, response in zip(tokens, answers)]
     assert {task['state'] for task in tasks} == {'failed'}
     assert len({task['error'] for task in tasks}) == 1 and 'target_repo_url' in tasks[0]['error']
-    assert HeavyCall.objects.filter(served_as='coalesced', state='failed').count() == 2
+    assert Call.objects.filter(served_as='coalesced', work__state='failed').count() == 2
     assert stack.leases() == 0

@@ -8,7 +8,7 @@ from django.utils import timezone
 from tests.integration.workers.conftest import wait_until
 from tests.integration.workers.test_operations import scrape
 from tests.integration.workers.test_queue import submit
-from workers.models import HeavyCall
+from workers.models import Work
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
@@ -27,7 +27,7 @@ def test_a_cancelled_call_on_a_paused_lane_no_longer_counts_in_depth_or_age(
     assert user.delete(f'/tasks/{ids[0]}/').status_code == 200  # the oldest
 
     queue = staff.get('/capacity/status/').json()['queues']['es2_knn']
-    oldest_live = (timezone.now() - HeavyCall.objects.get(pk=ids[1]).created_at).total_seconds()
+    oldest_live = (timezone.now() - Work.objects.get(pk=ids[1]).created_at).total_seconds()
     assert queue['depth'] == 2
     assert abs(queue['oldest_waiting_seconds'] - oldest_live) < 0.3
     metrics = scrape(client)

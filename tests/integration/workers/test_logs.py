@@ -11,7 +11,7 @@ import requests
 from devstack.processes import Child, free_port
 from tests.integration.workers.conftest import ROOT, wait_until
 from tests.integration.workers.test_queue import log_line_of, poll, submit
-from workers.models import HeavyCall
+from workers.models import Call
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
@@ -31,7 +31,7 @@ def test_a_requests_id_reaches_its_calls_row_and_every_worker_line_about_it(
     response = submit(client, tiny_source, headers={'HTTP_X_REQUEST_ID': 'req-7f3a.from-nginx'})
     assert response.status_code == 202 and response['X-Request-Id'] == 'req-7f3a.from-nginx'
     call_id = response.json()['id']
-    assert HeavyCall.objects.get(pk=call_id).request_id == 'req-7f3a.from-nginx'
+    assert Call.objects.get(pk=call_id).request_id == 'req-7f3a.from-nginx'
     assert poll(client, call_id).json()['state'] == 'succeeded'
 
     line = wait_until(lambda: log_line_of(worker, call_id), timeout=5, message="the call's ocl_capacity line")

@@ -12,8 +12,7 @@ from tests.integration.calls import distinct
 from tests.integration.workers.conftest import wait_until
 from workers import lifecycle
 from workers.celery import TASK_NAME
-from workers.lifecycle import admission_of
-from workers.models import HeavyCall
+from workers.models import Call, Work
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
@@ -111,19 +110,19 @@ def submit_long(client, source):
 
 
 def running_pid(call_id, timeout=30):
-    call = wait_until(lambda: HeavyCall.objects.filter(pk=call_id, state='running').first(), timeout=timeout,
+    call = wait_until(lambda: Work.objects.filter(pk=call_id, state='running').first(), timeout=timeout,
                       interval=0.01, message=f'{call_id} to run')
     return int(call.worker.rsplit(' ', 1)[1])
 
 
 def worker_keys(call):
     """The lanes the call's worker renews and releases."""
-    return [state.key for state in admission_of(call).worker_lanes()]
+    return call.lease['keys']
 
 
 def holds(redis_client, call_id):
     """How many of the call's lanes still hold an unexpired lease for it."""
-    call = HeavyCall.objects.get(pk=call_id)
+    call = Work.objects.get(pk=call_id)
     seconds, micros = redis_client.time()
     now_ms = seconds * 1000 + micros // 1000
     return sum(1 for key in worker_keys(call) if (redis_client.zscore(key, call_id) or 0) > now_ms)
@@ -138,7 +137,7 @@ def test_a_killed_pool_process_gets_its_call_delivered_again_at_once(
     os.kill(running_pid(call_id), signal.SIGKILL)
     task = poll(client, call_id, timeout=60).json()
     assert task['state'] == 'succeeded'
-    call = HeavyCall.objects.get(pk=call_id)
+    call = Work.objects.get(pk=call_id)
     assert call.attempts == 2
     assert TaskResult.objects.filter(task_id=call_id).count() == 1
     assert len(task['result']) == 1000
@@ -152,7 +151,7 @@ def test_a_killed_worker_node_frees_its_leases_and_its_call_runs_again_after_the
     client = api_as(make_user())
     call_id = submit_long(client, tiny_source)
     running_pid(call_id)
-    assert holds(lanes_redis, call_id) == len(worker_keys(HeavyCall.objects.get(pk=call_id)))
+    assert holds(lanes_redis, call_id) == len(worker_keys(Work.objects.get(pk=call_id)))
     killed_at = time.monotonic()
     first.kill()
     wait_until(lambda: holds(lanes_redis, call_id) == 0, timeout=17, interval=0.2, message='leases to expire')
@@ -160,7 +159,7 @@ def test_a_killed_worker_node_frees_its_leases_and_its_call_runs_again_after_the
     start_worker(name='rescuer', CELERY_VISIBILITY_TIMEOUT=8)
     task = poll(client, call_id, timeout=60).json()
     assert task['state'] == 'succeeded'
-    call = HeavyCall.objects.get(pk=call_id)
+    call = Work.objects.get(pk=call_id)
     assert call.attempts == 2 and call.worker.startswith('rescuer@')
     released(lambda: holds(lanes_redis, call_id) == 0)
 
@@ -185,13 +184,13 @@ def test_cancelling_a_queued_call_and_a_running_call(
     # Its leases go back once its work has stopped: the pool process running it is terminated.
     wait_until(lambda: not pid_alive(pid), timeout=10, message='the running call stopped')
     wait_until(lambda: holds(lanes_redis, running) == 0, timeout=10, message='its leases released')
-    assert lifecycle.result(HeavyCall.objects.get(pk=running)) is None
+    assert lifecycle.result(Call.objects.get(pk=running)) is None
     # The worker goes on: a new call runs, and the cancelled ones stay cancelled and never ran again.
     after = submit(client, tiny_source).json()['id']
     assert poll(client, after).json()['state'] == 'succeeded'
-    assert HeavyCall.objects.get(pk=queued).attempts == 0
-    assert HeavyCall.objects.get(pk=queued).state == 'cancelled'
-    assert HeavyCall.objects.get(pk=running).state == 'cancelled'
+    assert Work.objects.get(pk=queued).attempts == 0
+    assert Work.objects.get(pk=queued).state == 'cancelled'
+    assert Work.objects.get(pk=running).state == 'cancelled'
 
 
 def pid_alive(pid):
@@ -216,8 +215,8 @@ def test_a_limit_change_resizes_a_running_workers_pool_and_zero_pauses_the_lane(
     configure(es2_knn=2)
     wait_until(lambda: pool_of(worker.node) == 1, timeout=10, interval=0.3, message='the pool to shrink to 1')
     configure(es2_knn=1, mode='enforce')  # pool 0: stop consuming
-    from workers.status import get_queues
     from capacity.config import get_current
+    from workers.status import get_queues
     wait_until(lambda: not get_queues(get_current()[1])['es2_knn']['consumers'], timeout=10, interval=0.3,
                message='the lane to pause')
     client = api_as(make_user())
@@ -256,13 +255,13 @@ def test_with_a_lane_limit_of_two_no_more_than_two_calls_run_at_once(
         worker.kill(signal.SIGCONT)
     for call_id in ids:
         assert poll(client, call_id, timeout=120).json()['state'] == 'succeeded'
-    calls = HeavyCall.objects.filter(pk__in=ids)
+    calls = Work.objects.filter(pk__in=ids)
     events = sorted([(c.started_at, 1) for c in calls] + [(c.finished_at, -1) for c in calls])
     running = peak = 0
     for _, step in events:
         running += step
         peak = max(peak, running)
-    assert peak <= 2, [(c.served_as, c.started_at, c.finished_at, c.work_key[:8]) for c in calls]
+    assert peak <= 2, [(c.started_at, c.finished_at, c.work_key[:8]) for c in calls]
     assert peak == 2  # the lane was used to its limit
     released(lambda: all(holds(lanes_redis, call_id) == 0 for call_id in ids))
 
@@ -280,7 +279,7 @@ def test_an_expired_call_ends_expired_and_never_runs(
     assert holds(lanes_redis, call_id) == 0
     configure(es2_knn=3)  # the worker now receives the message, after its deadline
     time.sleep(2)
-    call = HeavyCall.objects.get(pk=call_id)
+    call = Work.objects.get(pk=call_id)
     assert call.state == 'expired' and call.attempts == 0
 
 
@@ -315,7 +314,7 @@ def test_a_node_shrunk_while_its_calls_ran_holds_no_more_calls_than_its_processe
     ids = [submit_long(client, tiny_source) for _ in range(2)]
     running_pid(ids[0])
     for _ in range(5):
-        states = [HeavyCall.objects.get(pk=call_id).state for call_id in ids]
+        states = [Work.objects.get(pk=call_id).state for call_id in ids]
         assert (states.count('running'), depth('es2_knn')) == (1, 1), states  # the second waits on the broker
         time.sleep(0.1)
     for call_id in ids:

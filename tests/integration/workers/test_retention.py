@@ -1,5 +1,6 @@
-"""Retention: calls that ended before the retention period are deleted with their results; everything
-newer, and every open call, stays; the finished-calls counter in /metrics doesn't drop when rows go."""
+"""Retention: work that ended before the retention period is deleted with its calls and results;
+everything newer, and all open work, stays; the finished-calls counter in /metrics doesn't drop when rows
+go."""
 import uuid
 from datetime import timedelta
 
@@ -13,25 +14,27 @@ from tests.integration.workers.conftest import wait_until
 from tests.integration.workers.test_operations import scrape
 from workers import lifecycle, retention
 from workers.celery import app
-from workers.models import HeavyCall, State
+from workers.models import Call, State, Work
 
 pytestmark = pytest.mark.django_db
 DAY = 24 * 3600
 
 
 def call(user, state, ended_days_ago=None, created_days_ago=0, result=None):
+    """A call of `user` with its work in `state`."""
     now = timezone.now()
-    row = HeavyCall.objects.create(
-        id=uuid.uuid4().hex,
-        owner=user, endpoint='$match', queue='es2_knn', payload={'rows': []}, fingerprint='f', state=state,
-        created_at=now - timedelta(days=created_days_ago), expires_at=now + timedelta(minutes=10),
+    created_at = now - timedelta(days=created_days_ago)
+    work = Work.objects.create(
+        id=uuid.uuid4().hex, endpoint='$match', queue='es2_knn', payload={'rows': []}, state=state,
+        created_at=created_at, expires_at=now + timedelta(minutes=10),
         finished_at=None if ended_days_ago is None else now - timedelta(days=ended_days_ago))
     if result is not None:
-        app.backend.store_result(row.pk, result, states.SUCCESS)
-    return row
+        app.backend.store_result(work.pk, result, states.SUCCESS)
+    return Call.objects.create(id=work.pk, work=work, owner=user, endpoint='$match', fingerprint='f',
+                               created_at=created_at)
 
 
-def test_a_retention_run_deletes_only_calls_that_ended_before_the_period_and_their_results_with_them(
+def test_a_retention_run_deletes_only_work_that_ended_before_the_period_with_its_calls_and_results(
         make_user, settings):
     settings.HEAVY_LANES_RETENTION_SECONDS = 7 * DAY
     user = make_user()
@@ -43,7 +46,8 @@ def test_a_retention_run_deletes_only_calls_that_ended_before_the_period_and_the
 
     assert retention.prune(batch=2) == 4  # in batches of 2, each one transaction
 
-    assert set(HeavyCall.objects.values_list('pk', flat=True)) == {row.pk for row in kept}
+    assert set(Call.objects.values_list('pk', flat=True)) == {row.pk for row in kept}
+    assert set(Work.objects.values_list('pk', flat=True)) == {row.work_id for row in kept}
     assert not TaskResult.objects.filter(task_id__in=[row.pk for row in old]).exists()
     # A succeeded call inside the window still has its result.
     assert [lifecycle.result(row) for row in kept[:2]] == [{'n': 2}, {'n': 3}]
@@ -56,12 +60,12 @@ def test_finished_calls_stay_counted_in_metrics_after_their_rows_are_deleted(
     try:
         user = make_user()
         row = call(user, State.RUNNING, created_days_ago=10)
-        assert lifecycle.succeed(row, {'ok': True})
-        lifecycle.ended(row)  # what the worker does once it released the leases
+        assert lifecycle.succeed(row.work, {'ok': True})
+        lifecycle.ended(row.work)  # what the worker does once it released the leases
         key = 'heavy_lanes_calls_finished_total{queue="es2_knn",state="succeeded"}'
         wait_until(lambda: scrape(client).get(key) == 1, timeout=5, message='the counter to reach Redis')
-        HeavyCall.objects.filter(pk=row.pk).update(finished_at=timezone.now() - timedelta(days=30))
-        assert retention.prune() == 1 and not HeavyCall.objects.exists()
+        Work.objects.filter(pk=row.work_id).update(finished_at=timezone.now() - timedelta(days=30))
+        assert retention.prune() == 1 and not Call.objects.exists() and not Work.objects.exists()
         assert scrape(client)[key] == 1
     finally:
         use_store(None)

@@ -9,7 +9,7 @@ from django.conf import settings
 
 from tests.integration.workers.conftest import wait_until
 from tests.integration.workers.test_queue import holds, poll, running_pid, submit_long
-from workers.models import HeavyCall
+from workers.models import Work
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
@@ -38,7 +38,7 @@ def test_calls_past_their_soft_and_hard_time_limits_end_failed_and_are_not_deliv
     time.sleep(0.3)  # into the work (about 2 s of it)
     for pid in pids.values():
         os.kill(pid, signal.SIGSTOP)
-    started = HeavyCall.objects.get(pk=soft_id).started_at.timestamp()
+    started = Work.objects.get(pk=soft_id).started_at.timestamp()
     # Between the limits the first one is let go on: it finds SoftTimeLimitExceeded raised in the call.
     time.sleep(max(0.0, started + 16.5 - time.time()))
     os.kill(pids[soft_id], signal.SIGCONT)
@@ -50,13 +50,13 @@ def test_calls_past_their_soft_and_hard_time_limits_end_failed_and_are_not_deliv
     hard = poll(client, hard_id, timeout=15).json()
     assert hard['state'] == 'failed'
     assert 'stopped by its hard time limit (20 s)' in hard['error']
-    call = HeavyCall.objects.get(pk=hard_id)
+    call = Work.objects.get(pk=hard_id)
     assert 19 <= (call.finished_at - call.started_at).total_seconds() < 24
     assert holds(lanes_redis, soft_id) == 0 and holds(lanes_redis, hard_id) == 0
     wait_until(lambda: gone(pids[hard_id]), timeout=5, message='the hard-limited pool process to be killed')
 
     time.sleep(2)  # long enough for a rejected message to be delivered again and picked up
     assert unacked(broker) == 0
-    assert {c.pk: (c.state, c.attempts) for c in HeavyCall.objects.filter(pk__in=pids)} == {
+    assert {c.pk: (c.state, c.attempts) for c in Work.objects.filter(pk__in=pids)} == {
         soft_id: ('failed', 1), hard_id: ('failed', 1)}
 

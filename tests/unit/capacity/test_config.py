@@ -7,7 +7,6 @@ from django.core.exceptions import ValidationError
 from capacity.config import diff, get_defaults, merge, nest, resolve, validate
 from capacity.defaults import DEFAULTS, Config
 
-
 RETRY_AFTER_RULE = ('"retry_after" needs "base", "min" and "paused" of at least 1, and "max" of at least '
                     '"base" and "min".')
 
