@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-ml venv migrate clean bench
+.PHONY: run test lint test-ml venv migrate clean bench
 
 $(STAMP): requirements/base.txt requirements/dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,9 +26,15 @@ run: $(STAMP)
 # The first pass runs in TEST_PROCESSES pytest-xdist processes, a test file to a process: most of its time
 # is tests waiting on the real workers and servers they start, so two processes halve it on two cores.
 TEST_PROCESSES ?= 2
-test: $(STAMP)
+test: $(STAMP) lint
 	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile -m "not postgres and not ml" $(PYTEST_ARGS)
 	HEAVY_LANES_TEST_ON_POSTGRES=1 $(PY) -m pytest -m postgres $(PYTEST_ARGS)
+
+# The house's own checks, run first by `make test`: the style (ruff, pyproject.toml) and the layers
+# (import-linter: api over workers over capacity and concepts over common; docs/architecture.md, "Parts").
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 # The optional sentence-transformers embedder and reranker (requirements/ml.txt, about 6 GB with torch).
 test-ml: $(STAMP)

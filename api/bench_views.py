@@ -72,7 +72,8 @@ class BareSubmitView(APIView):
         rows = len(request.data.get('rows') or []) if isinstance(request.data, dict) else 0
         call_id = uuid.uuid4().hex
         url = f'/tasks/{call_id}/'
-        return Response({'id': call_id, 'state': 'queued', 'endpoint': MATCH, 'lane': route(MATCH, max(rows, 1), True).name,
+        lane = route(MATCH, max(rows, 1), True).name
+        return Response({'id': call_id, 'state': 'queued', 'endpoint': MATCH, 'lane': lane,
                          'url': url, 'created_at': timezone.now()},
                         status=status.HTTP_202_ACCEPTED, headers={'Location': url})
 

@@ -5,8 +5,9 @@ The serving model is gthread: API_WORKERS processes of API_THREADS threads each.
 heavy call's result (the default for a client that didn't ask for a handle) holds one thread, blocked on
 an Event woken by the process's one notice subscriber (workers.notify), not a whole process: 2 processes of
 64 threads hold the host's 64 waiting requests (api_heavy.per_task) however gunicorn spreads them (up to
-API_WAITING_PER_PROCESS, 56, in one process) and still have threads for everything else. Why not an async server: the views, DRF and the ORM are
-synchronous, and a thread costs a waiting request ~64 KiB of stack and no CPU (docs/architecture.md).
+API_WAITING_PER_PROCESS, 56, in one process) and still have threads for everything else. Why not an async
+server: the views, DRF and the ORM are synchronous, and a thread costs a waiting request ~64 KiB of stack
+and no CPU (docs/architecture.md).
 gthread's `timeout` is the worker's heartbeat to the master, not a limit on a request, so a long wait is
 fine; the proxy's read timeout must exceed `wait.max_seconds` (deploy/nginx.conf).
 """

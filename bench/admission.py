@@ -30,8 +30,8 @@ def main():
     setup_django(args.redis, prefix=f'hlbench-{uuid.uuid4().hex[:6]}')
 
     import redis
-    from django.contrib.auth.models import Group, User
     from django.conf import settings
+    from django.contrib.auth.models import Group, User
 
     from capacity import gate as capacity_gate
     from capacity.config import clear_cache, save_config
@@ -39,7 +39,7 @@ def main():
     from capacity.store import LaneStore, read_script, use_store
     from workers.lanes import get_queue
 
-    many = {tier: HIGH for tier in ('staff', 'core', 'early_access', 'preview')}
+    many = dict.fromkeys(('staff', 'core', 'early_access', 'preview'), HIGH)
     save_config({'api_heavy': {'cluster': HIGH, 'per_task': HIGH}, 'es2_knn': HIGH, 'tiers': many,
                  'per_user': many, 'max_hold_seconds': 900})
     clear_cache()
@@ -78,9 +78,9 @@ def main():
         floor_tokens = []
         for _ in range(args.calls):
             floor_tokens.append(None)
-            samples['floor'].append(timed(lambda: floor_tokens.__setitem__(-1, floor())))
+            samples['floor'].append(timed(lambda tokens=floor_tokens: tokens.__setitem__(-1, floor())))
             holder = {}
-            samples['acquire'].append(timed(lambda: holder.setdefault('g', admit())))
+            samples['acquire'].append(timed(lambda holder=holder: holder.setdefault('g', admit())))
             capacity_gate.release(holder['g'])
             samples['acquire_release'].append(timed(lambda: capacity_gate.release(admit())))
             # Release the floor's leases so the lanes don't grow during the run.

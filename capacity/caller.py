@@ -84,9 +84,9 @@ def get_queue_ms(trace_id, now=None):
     if not trace_id or not isinstance(trace_id, str) or len(trace_id) > MAX_TRACE_CHARS:
         return None
     try:
-        fields = dict(
-            (key.strip(), value.strip())
-            for key, value in (part.split('=', 1) for part in trace_id.split(';') if '=' in part))
+        fields = {
+            key.strip(): value.strip()
+            for key, value in (part.split('=', 1) for part in trace_id.split(';') if '=' in part)}
         stamp = (fields.get('Self') or fields.get('Root') or '').split('-')[1]
         if not 0 < len(stamp) <= MAX_STAMP_HEX:
             return None

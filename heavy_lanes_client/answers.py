@@ -47,7 +47,7 @@ def error_for(response, not_found=errors.RequestRejected):
     if retry_after is None:  # a server that says it only in the standard RateLimit field
         retry_after = retry_after_seconds(ratelimit.wait_seconds(response.headers))
     text = _describe_detail(detail)
-    fields = dict(status=status, error_code=code, detail=detail, capacity=capacity, retry_after=retry_after)
+    fields = {'status': status, 'error_code': code, 'detail': detail, 'capacity': capacity, 'retry_after': retry_after}
     if status == 429:
         wait = f', Retry-After {retry_after:g} s' if retry_after is not None else ''
         if code == 'capacity_exceeded' or (code is None and capacity.decision == 'refused'):

@@ -190,8 +190,8 @@ def _run(args, parser, out, err, make_run):
     timeout = (5.0, args.timeout)
     with Client(args.url, args.token, timeout=timeout, pool_size=args.max_concurrency + 4) as client:
         try:
-            run = make_run(client, dict(max_concurrency=args.max_concurrency, retry=retry, poll=poll,
-                                        run_id=args.run_id))
+            run = make_run(client, {'max_concurrency': args.max_concurrency, 'retry': retry, 'poll': poll,
+                                        'run_id': args.run_id})
         except ValueError as ex:
             parser.error(str(ex))
         progress = None if args.no_progress else Progress(run.job.label, stream=err)

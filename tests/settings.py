@@ -27,7 +27,7 @@ os.environ.setdefault('HEAVY_LANES_TEST_RUN_ID', os.urandom(4).hex())
 
 from api.settings import *  # noqa: E402,F401,F403
 
-CELERY_BROKER_TRANSPORT_OPTIONS = {**CELERY_BROKER_TRANSPORT_OPTIONS,
+CELERY_BROKER_TRANSPORT_OPTIONS = {**CELERY_BROKER_TRANSPORT_OPTIONS,  # noqa: F405 - from api.settings
                                    'global_keyprefix': f'hltest-{os.environ["HEAVY_LANES_TEST_RUN_ID"]}:'}
 # And its announcements of changed tokens and sources on a channel of its own (workers.local_cache): another
 # test process's change would drop what a test counts on being kept.

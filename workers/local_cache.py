@@ -8,9 +8,10 @@ reads (workers.sharing.work_key).
 
 Read every time, the two cost a database round trip each per call: under load, a third of an API
 process's time before a call's row (docs/benchmarks.md, 2026-12-03). A kept fact must not outlive a change:
-- A change is announced on its channel (capacity.keys.invalidation_channel) after its transaction commits (`changed`, called from the
-  models' signals: api.apps, workers.apps); each process's notice hub (workers.notify) hears it and its
-  listener here drops the fact. The process that made the change drops it at once as well.
+- A change is announced on its channel (capacity.keys.invalidation_channel) after its transaction commits
+  (`changed`, called from the models' signals: api.apps, workers.apps); each process's notice hub
+  (workers.notify) hears it and its listener here drops the fact. The process that made the change drops
+  it at once as well.
 - A process keeps and answers nothing from here while its hub isn't subscribed, and drops all it kept
   when the hub connects and when it loses the connection: a change made meanwhile went unheard.
 - A fact read before a change and stored after the change's message came would be stale: every drop moves

@@ -17,7 +17,7 @@ workers.lifecycle's. No Celery import.
 import json
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from django.conf import settings
 
@@ -75,7 +75,7 @@ def eta_of(headers):
         moment = datetime.fromisoformat(eta)
     except (TypeError, ValueError):
         return None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ in its main process (started when the worker is ready) that, every WORKERS_RECON
 2. computes its share from the config and the live nodes;
 3. when the share changed since it last applied one, resizes through Celery's own control commands
    (pool_grow, which forks the new processes at once: `grow_now`; pool_shrink, after the exited
-   processes are taken out: `shrink_now`; add_consumer / cancel_consumer) addressed to itself; a share of 0 (the lane paused, or more nodes than slots) stops
-   consuming the queue, so its calls wait and expire;
+   processes are taken out: `shrink_now`; add_consumer / cancel_consumer) addressed to itself; a share of 0
+   (the lane paused, or more nodes than slots) stops consuming the queue, so its calls wait and expire;
 4. publishes what it wants and what it has (share, pool processes, consuming) for /capacity/status/.
 
 A hand resize (Flower's pool grow/shrink, `celery control pool_grow`) becomes the lane's limit

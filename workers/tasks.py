@@ -26,7 +26,7 @@ def run_heavy_call(self, call_id):
     except DATABASE_DOWN as ex:
         # The call's state couldn't be recorded: never acknowledge its message as handled. A new message
         # (the same task id, its queue deadline kept) comes back after a pause that grows to 30 s.
-        raise self.retry(exc=ex, countdown=min(2 ** self.request.retries, RETRY_MAX_SECONDS), max_retries=None)
+        raise self.retry(exc=ex, countdown=min(2 ** self.request.retries, RETRY_MAX_SECONDS), max_retries=None) from ex
 
 
 @app.task(name=SWEEP_TASK, ignore_result=True)

@@ -9,7 +9,7 @@ from tests.integration.workers.conftest import (  # noqa: F401
 
 
 @pytest.fixture
-def fault_stack(own_redis, key_prefix, tmp_path, start_worker, transactional_db):
+def fault_stack(own_redis, key_prefix, tmp_path, start_worker, transactional_db):  # noqa: F811 - fixtures
     from tests.integration.faults.stack import FaultStack
     stack = FaultStack(own_redis, key_prefix, tmp_path, start_worker)
     try:

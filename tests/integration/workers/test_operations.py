@@ -200,7 +200,7 @@ def test_a_scrape_while_calls_run_has_every_series_and_agrees_with_status(
     assert metrics['heavy_lanes_full_lanes_total{decision="shadow-refused",lane="user",tier="core"}'] == 2
     assert metrics['heavy_lanes_redis_up'] == 1
     for call_id in ids:
-        wait_until(lambda: user.get(f'/tasks/{call_id}/').json()['state'] == 'succeeded', timeout=60,
+        wait_until(lambda call_id=call_id: user.get(f'/tasks/{call_id}/').json()['state'] == 'succeeded', timeout=60,
                    interval=0.2, message='calls to finish')
     after = scrape(client)
     assert after['heavy_lanes_calls_finished_total{queue="es2_knn",state="succeeded"}'] == 3

@@ -59,7 +59,8 @@ def test_celery_accepts_json_only():
 def redis_url_seen(var_dir, **env):
     environ = {k: v for k, v in os.environ.items()
                if not k.startswith('REDIS_')
-               and k not in ('DJANGO_SETTINGS_MODULE', 'HEAVY_LANES_PRODUCTION', 'CELERY_BROKER_URL', 'CACHE_REDIS_URL')}
+               and k not in ('DJANGO_SETTINGS_MODULE', 'HEAVY_LANES_PRODUCTION', 'CELERY_BROKER_URL',
+                             'CACHE_REDIS_URL')}
     script = 'from django.conf import settings; print(settings.REDIS_URL, settings.CELERY_BROKER_URL)'
     result = subprocess.run(
         [sys.executable, '-c', f'import django; django.setup(); {script}'], cwd=ROOT, capture_output=True,

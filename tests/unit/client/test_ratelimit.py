@@ -17,7 +17,7 @@ FIELDS = [
 
 @pytest.mark.parametrize('text', FIELDS)
 def test_it_reads_what_the_reference_parser_reads(text):
-    reference = [(str(name), {key: value for key, value in params.items()})
+    reference = [(str(name), dict(params.items()))
                  for name, params in http_sf.parse(text.encode(), tltype='list')]
     assert parse_list(text) == reference
 

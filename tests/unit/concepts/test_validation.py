@@ -2,8 +2,15 @@
 import pytest
 from rest_framework.exceptions import ValidationError
 
-from concepts.services import (MAX_LIMIT, MAX_ROWS, MAX_TEXT_CHARS, MAX_WINDOW, validate_match, validate_payload,
-                               validate_rerank_body)
+from concepts.services import (
+    MAX_LIMIT,
+    MAX_ROWS,
+    MAX_TEXT_CHARS,
+    MAX_WINDOW,
+    validate_match,
+    validate_payload,
+    validate_rerank_body,
+)
 
 URL = '/orgs/HL/sources/TinyClinical/'
 
