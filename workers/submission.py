@@ -14,6 +14,7 @@ Errors that drive the answer carry their data (see each class).
 import hashlib
 import json
 import threading
+import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from capacity.admission import log_record
 from capacity.caller import NO_FACTS, RequestFacts, get_tier
 from capacity.config import get_config
 from capacity.constants import TIERS, Decision
+from capacity.keeper import get_keeper
 from capacity.logs import emit
 from common.database import DATABASE_DOWN
 from common.process import PerProcess
@@ -37,7 +39,7 @@ from workers.models import Call, ServedAs, State, Work
 
 # Lower runs first on the Redis transport (steps 0, 3, 6, 9): a higher tier's calls go first in a queue.
 TIER_PRIORITY = dict(zip(TIERS, (0, 3, 6, 9)))
-WAIT_SLOT_SLACK_SECONDS = 5  # a long poll's slot outlives its wait by this much, then expires by itself
+WAIT_SLOT_SLACK_SECONDS = 5  # a waiting slot is kept this much past its wait, then expires by itself
 SHARE_TRIES = 3  # identical work may end or be claimed between a look and the next step: look this often
 
 
@@ -141,11 +143,13 @@ def idempotency_winner(heavy):
 
 
 def admit(heavy):
-    """The gate's decision for `heavy`, counted; a refusal's log line is written here (it ends now)."""
+    """The gate's decision for `heavy`, counted; a refusal's log line is written here (it ends now). Its
+    leases last lifecycle.queued_lease_ms: the sweep renews them while its work waits in its queue, its worker
+    once it runs, so they come back within that time of whoever held them last being gone."""
     admission = gate.admit(
         heavy.user, endpoint=heavy.endpoint, rows=heavy.rows, semantic=heavy.semantic, reranker=heavy.reranker,
         waits=heavy.waits, queue=heavy.queue.name, draws_on=heavy.queue.draws_on, facts=heavy.facts,
-        token=heavy.call_id)
+        token=heavy.call_id, lease_ms=lifecycle.queued_lease_ms())
     counters.record_decision(admission, heavy.queue.name)
     if admission.refused:
         end_in_api(admission, heavy, 'refused')
@@ -185,7 +189,7 @@ def enqueue(heavy, admission, publish=None):
         created_at=now, expires_at=now + timedelta(seconds=config.queue.deadline_seconds))
     call = new_call(heavy, admission, created_at=now)
     try:
-        return lifecycle.enqueue(work, call, publish)
+        call = lifecycle.enqueue(work, call, publish)
     except IntegrityError:
         # Another request with the same Idempotency-Key won the race: answer with its call.
         given_back(heavy, admission)
@@ -197,6 +201,7 @@ def enqueue(heavy, admission, publish=None):
     except Exception as ex:
         given_back(heavy, admission, f'{type(ex).__name__}: {ex}'[:300])
         raise BrokerUnavailable(ex) from ex
+    return call
 
 
 def given_back(heavy, admission, error=None):
@@ -238,12 +243,18 @@ def waiting_slot(user, seconds, facts=NO_FACTS):
         yield False
         return
     try:
-        admission = gate.admit(user, wait_slot=True, facts=facts,
-                               lease_ms=(seconds + WAIT_SLOT_SLACK_SECONDS) * 1000)
+        config = get_config()
+        # A slot lasts lease_seconds and this process renews it while the request waits: a process that
+        # dies mid-wait gives its slots back within lease_seconds, not at the end of the longest wait.
+        admission = gate.admit(user, wait_slot=True, facts=facts, lease_ms=config.lease_seconds * 1000)
+        lease = admission.lease()
+        keeper = get_keeper()
+        keeper.keep(lease, every=config.renew_seconds, until=time.time() + seconds + WAIT_SLOT_SLACK_SECONDS)
         try:
             yield not admission.refused
         finally:
-            gate.release(admission)
+            keeper.let_go(lease)
+            lease.release()
     finally:
         local.release()
 

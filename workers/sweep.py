@@ -10,12 +10,18 @@ nothing else would end or run, and ends or sends it through workers.lifecycle:
    retry's countdown, counts from then), is published again with the same task id, while its deadline
    hasn't passed; the lost delivery's entry is taken off `unacked`, or kombu would deliver it once more
    after the visibility timeout;
-3. a running work whose heartbeat is older than `lease_seconds` (its worker is gone) and whose message is
-   nowhere on the broker is published again too: the next delivery takes over (lifecycle.start);
+3. a running work whose heartbeat is older than `lease_seconds` (its worker is gone: a live one beats every
+   WORKERS_HEARTBEAT_SECONDS) is published again too, whether its message is nowhere on the broker or held
+   unacknowledged by the dead node (that entry is taken off `unacked` first, so the broker never restores it
+   an hour later): the next delivery, on a live node, takes over (lifecycle.start) within about
+   `lease_seconds` + WORKERS_SWEEP_SECONDS of the node's death, not at the visibility timeout;
 4. a cancelled work whose run was never confirmed stopped, not beaten for longer than `lease_seconds` and
    counted in no lane any more (its worker is gone: a live run renews its leases until it has stopped) is
    marked stopped, as its worker would have (lifecycle.stopped);
-5. the message of a work that ended while queued and is still on a list (a cancel whose discard failed) is
+5. the leases of every work still queued are renewed (lifecycle.queued_lease_ms: `lease_seconds` plus one
+   sweep), so a queued work stays counted however long it waits, and the leases of one whose API process
+   died before its row was written come back by themselves within that time;
+6. the message of a work that ended while queued and is still on a list (a cancel whose discard failed) is
    taken out, so a queue's depth counts only work that still waits; so is the unacknowledged entry of a
    work that ended, once it is older than the grace period (a worker lost that delivery: nothing would
    ever acknowledge it).
@@ -46,11 +52,12 @@ class SweepReport:
     resent: list = field(default_factory=list)
     discarded: int = 0
     stopped: list = field(default_factory=list)  # cancelled work whose worker was gone
+    renewed: int = 0  # queued works whose leases were renewed
     skipped: bool = False  # another sweep held the lock
 
     def to_json(self):
         return {'expired': len(self.expired), 'resent': len(self.resent), 'discarded': self.discarded,
-                'stopped': len(self.stopped), 'skipped': self.skipped}
+                'stopped': len(self.stopped), 'renewed': self.renewed, 'skipped': self.skipped}
 
 
 def lock(client, seconds):
@@ -100,12 +107,18 @@ def run_steps(report, grace_seconds, broker):
             continue
         if work.pk in held:
             entries = held[work.pk]
-            if work.state != State.QUEUED or any(entry.due_at > taken_before for entry in entries):
-                continue  # a worker has it (running, only just taken, or held until its ETA)
+            if any(entry.due_at > taken_before for entry in entries):
+                continue  # a worker has it (only just taken, or held until its ETA)
             if not sum(messages.drop_held(entry, broker) for entry in entries):
                 continue  # acknowledged in the meantime: its worker ran it
-            logger.warning('Heavy work %s: a worker took its message %.0f s ago and never started it',
-                           work.pk, time.time() - max(entry.taken_at for entry in entries))
+            taken = time.time() - max(entry.taken_at for entry in entries)
+            if work.state == State.QUEUED:
+                logger.warning('Heavy work %s: a worker took its message %.0f s ago and never started it',
+                               work.pk, taken)
+            else:
+                logger.warning('Heavy work %s: the node running it stopped beating (%s); its message, taken '
+                               '%.0f s ago, is sent again for a live node to take over', work.pk, work.worker,
+                               taken)
         if lifecycle.redeliver(work, stale_seconds):
             report.resent.append(work.pk)
     for work in lifecycle.stranded(stale_seconds):
@@ -115,7 +128,17 @@ def run_steps(report, grace_seconds, broker):
             logger.warning('Heavy work %s was cancelled while it ran on a worker that is gone: marked stopped',
                            work.pk)
             report.stopped.append(work.pk)
+    report.renewed = renew_queued()
     report.discarded = discard_ended(found, taken_before, broker)
+
+
+def renew_queued():
+    """Renew the leases of every work still queued, to lifecycle.queued_lease_ms; how many were held."""
+    lease_ms = lifecycle.queued_lease_ms()
+    renewed = 0
+    for work in lifecycle.queued():
+        renewed += lifecycle.worker_lease(work, lease_ms).renew()
+    return renewed
 
 
 def discard_ended(found, taken_before, broker):

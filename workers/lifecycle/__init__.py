@@ -24,7 +24,7 @@ of the call and its work (`seen`).
 Workers and views call this package and never write a state themselves; it is the only code that reads
 stored results.
 """
-from workers.lifecycle.create import enqueue, join, send, serve_cached
+from workers.lifecycle.create import enqueue, join, queued_lease_ms, send, serve_cached
 from workers.lifecycle.ending import (
     cancel, discard_message, end_unstarted, end_with_release, ended, expire, note_limiter, stopped, taken_over,
     wait_stopped, worker_lease,
@@ -37,14 +37,14 @@ from workers.lifecycle.running import (
     claim_first_available, fail, holder_gone, load, start, succeed, time_out, worker_name,
 )
 from workers.lifecycle.seen import CANCELLED, EXPIRED, FAILED, Seen, seen
-from workers.lifecycle.upkeep import forget_finished, maybe_lost, overdue, redeliver, stranded
+from workers.lifecycle.upkeep import forget_finished, maybe_lost, overdue, queued, redeliver, stranded
 
 __all__ = [
     'BUSY', 'CANCELLED', 'ENDED', 'EXPIRE', 'EXPIRED', 'FAILED', 'Failure', 'HARD_LIMIT', 'Progress', 'RUN',
     'SOFT_LIMIT', 'Seen', 'Start', 'Waited', 'admission_of', 'answer', 'beat', 'busy_retry_in', 'cancel',
     'claim_first', 'claim_first_available', 'discard_message', 'end_unstarted', 'end_with_release', 'ended',
     'enqueue', 'expire', 'fail', 'forget_finished', 'holder_gone', 'join', 'load', 'log_line', 'maybe_lost',
-    'note_limiter', 'overdue', 'position', 'progress', 'redeliver', 'result', 'seen', 'send', 'serve_cached',
-    'start', 'stopped', 'stored_result', 'stranded', 'succeed', 'taken_over', 'time_out', 'wait',
-    'wait_stopped', 'watching', 'worker_lease', 'worker_name',
+    'note_limiter', 'overdue', 'position', 'progress', 'queued', 'queued_lease_ms', 'redeliver', 'result',
+    'seen', 'send', 'serve_cached', 'start', 'stopped', 'stored_result', 'stranded', 'succeed', 'taken_over',
+    'time_out', 'wait', 'wait_stopped', 'watching', 'worker_lease', 'worker_name',
 ]

@@ -1,5 +1,6 @@
 """A call's start in life: a new work with its first call and its message, in one transaction; or a new call
 on a work that exists (joining it while it is open, or answered by its warm result)."""
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
@@ -10,6 +11,14 @@ from workers import publisher
 from workers.celery import LEASES_HEADER, TASK_NAME, app
 from workers.lifecycle.reads import log_line
 from workers.models import OPEN_STATES, ServedAs, State, Work
+
+
+def queued_lease_ms(config=None):
+    """How long a queued work's leases last between renewals, ms: `lease_seconds` plus one sweep. While the
+    work waits in its queue every sweep renews them (workers.sweep), so it waits counted however long; when
+    nothing renews them (the API process died before the work's row was written, so no sweep sees it) they
+    come back within this time, not at the queue deadline."""
+    return int(((config or get_config()).lease_seconds + settings.WORKERS_SWEEP_SECONDS) * 1000)
 
 
 def send(work, expires=True, request_id=''):

@@ -8,6 +8,7 @@ from datetime import timedelta
 from celery import states
 from django.db import transaction
 from django.db.models import F
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from capacity.config import get_config
@@ -79,7 +80,7 @@ def start(work, worker):
     """Claim `work` for `worker` ('<node> pid <pid>'): a queued work (`start`), or a running one whose
     worker is gone (`take_over`, compare and set on that worker's heartbeat); see Start. Updates `work` to
     what was written."""
-    now = timezone.now()
+    now = statements.db_now()  # the clock heartbeats are written with, whatever this host's says
     if work.state == State.QUEUED and now >= work.expires_at:
         return Start(EXPIRE)
     if work.state not in OPEN_STATES:
@@ -117,7 +118,7 @@ def claim_first(work_id, worker):
     yet, or the database is another — and then `load` and `start` decide, as for any delivery."""
     if not claim_first_available():
         return None
-    return statements.claim_first(work_id, worker, timezone.now())
+    return statements.claim_first(work_id, worker)
 
 
 def busy_retry_in(work, now, stale_seconds):
@@ -127,9 +128,9 @@ def busy_retry_in(work, now, stale_seconds):
 
 
 def beat(work, worker):
-    """The running worker is alive; False when the work is no longer its own (cancelled or taken over)."""
-    return bool(Work.objects.filter(pk=work.pk, state=State.RUNNING, worker=worker).update(
-        heartbeat_at=timezone.now()))
+    """The running worker is alive, by the database's clock (so a host's own clock can't make it look dead or
+    alive); False when the work is no longer its own (cancelled or taken over)."""
+    return bool(Work.objects.filter(pk=work.pk, state=State.RUNNING, worker=worker).update(heartbeat_at=Now()))
 
 
 def succeed(work, result, worker=None):
@@ -148,8 +149,17 @@ def succeed(work, result, worker=None):
                     error=''):
             return None
         app.backend.store_result(work.pk, result, states.SUCCESS, request=getattr(current_task, 'request', None))
+        joined(work)
     work.state, work.finished_at, work.error = State.SUCCEEDED, finished_at, ''
     return app.backend.encode_content(result)[2]
+
+
+def joined(work):
+    """Read again which calls point at `work` (`holders`, `shared`), in the transaction that ended it: calls
+    joined it while it ran on this worker, and its end counts, logs and announces them all. A join needs the
+    work open (a guarded UPDATE under the row's lock), so none can come after this."""
+    holders, shared = Work.objects.filter(pk=work.pk).values_list('holders', 'shared').get()
+    work.holders, work.shared = holders, shared
 
 
 @dataclass(frozen=True)
@@ -183,9 +193,11 @@ def fail(work, failure, worker=None, transition='fail'):
         failure = Failure.internal(str(failure))
     finished_at = timezone.now()
     error = failure.message[:ERROR_LENGTH]
-    if not move(transition, work.pk, guard={'worker': worker} if worker else None, finished_at=finished_at,
-                error=error, error_status=failure.status, error_body=failure.body):
-        return False
+    with transaction.atomic():
+        if not move(transition, work.pk, guard={'worker': worker} if worker else None, finished_at=finished_at,
+                    error=error, error_status=failure.status, error_body=failure.body):
+            return False
+        joined(work)
     work.state, work.finished_at, work.error = State.FAILED, finished_at, error
     work.error_status, work.error_body = failure.status, failure.body
     return True

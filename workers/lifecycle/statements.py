@@ -23,12 +23,23 @@ def available():
     return connection.vendor == 'postgresql'
 
 
-def claim_first(work_id, worker, now):
+def db_now():
+    """The database's clock (PostgreSQL's now(): the start of the transaction), which every heartbeat and
+    claim is written with; elsewhere (the embedded SQLite, one host) this host's."""
+    if not available():
+        from django.utils import timezone
+        return timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute('SELECT now()')
+        return cursor.fetchone()[0]
+
+
+def claim_first(work_id, worker):
     """claim_first.sql: the claimed Work, running on `worker`, with its first call as `call` — a Call whose
     `work` is that Work — or None when nothing was claimed."""
     with connection.cursor() as cursor:
         cursor.execute(read_statement('claim_first'), {
-            'id': work_id, 'worker': worker, 'now': now, 'queued': State.QUEUED, 'running': State.RUNNING})
+            'id': work_id, 'worker': worker, 'queued': State.QUEUED, 'running': State.RUNNING})
         row = cursor.fetchone()
         if row is None:
             return None

@@ -5,7 +5,8 @@ import logging
 from datetime import timedelta
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import DateTimeField, Exists, ExpressionWrapper, OuterRef, Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from workers.lifecycle.create import send
@@ -20,24 +21,33 @@ def overdue(now=None, limit=500):
     return list(Work.objects.filter(state=State.QUEUED, expires_at__lte=now).order_by('expires_at')[:limit])
 
 
+def queued(limit=5000):
+    """Work still waiting in its queue, before its deadline (the sweep renews their leases)."""
+    return list(Work.objects.filter(state=State.QUEUED, expires_at__gt=timezone.now()).order_by('created_at')[:limit])
+
+
 def maybe_lost(grace_seconds, stale_seconds, now=None, limit=500):
     """Work that may have lost its message: queued for more than `grace_seconds` and before its deadline,
-    or running with a heartbeat older than `stale_seconds` (its worker is gone)."""
+    or running with a heartbeat older than `stale_seconds` by the database's clock, which wrote it (its
+    worker is gone, whatever the clocks of the hosts say)."""
     now = now or timezone.now()
-    queued = Q(state=State.QUEUED, created_at__lt=now - timedelta(seconds=grace_seconds), expires_at__gt=now)
-    stale = Q(state=State.RUNNING) & (Q(heartbeat_at__isnull=True) |
-                                      Q(heartbeat_at__lt=now - timedelta(seconds=stale_seconds)))
-    return list(Work.objects.filter(queued | stale).order_by('created_at')[:limit])
+    queued_ = Q(state=State.QUEUED, created_at__lt=now - timedelta(seconds=grace_seconds), expires_at__gt=now)
+    stale = Q(state=State.RUNNING) & (Q(heartbeat_at__isnull=True) | Q(heartbeat_at__lt=ago(stale_seconds)))
+    return list(Work.objects.filter(queued_ | stale).order_by('created_at')[:limit])
 
 
-def stranded(stale_seconds, now=None, limit=500):
+def ago(seconds):
+    """The database's clock, `seconds` ago: heartbeats are written with it (lifecycle.running.beat)."""
+    return ExpressionWrapper(Now() - timedelta(seconds=seconds), output_field=DateTimeField())
+
+
+def stranded(stale_seconds, limit=500):
     """Cancelled work whose run was never confirmed stopped (`heartbeat_at` still set) and not beaten for
     more than `stale_seconds`: its worker may be gone with it (a node killed while it ran, before or after
     the cancel), so nothing would ever say it stopped. A worker stops beating a work once it is cancelled,
     so the caller also asks the lanes (workers.sweep): a live run renews its leases until it has stopped."""
-    now = now or timezone.now()
-    return list(Work.objects.filter(state=State.CANCELLED, heartbeat_at__lt=now - timedelta(
-        seconds=stale_seconds)).order_by('heartbeat_at')[:limit])
+    return list(Work.objects.filter(state=State.CANCELLED, heartbeat_at__lt=ago(stale_seconds)).order_by(
+        'heartbeat_at')[:limit])
 
 
 def redeliver(work, stale_seconds, now=None):
@@ -52,9 +62,9 @@ def redeliver(work, stale_seconds, now=None):
     if fresh.state == State.QUEUED:
         if now >= fresh.expires_at:
             return False
-    elif fresh.state != State.RUNNING or (fresh.heartbeat_at is not None and
-                                          fresh.heartbeat_at >= now - timedelta(seconds=stale_seconds)):
-        return False
+    elif fresh.state != State.RUNNING or Work.objects.filter(
+            pk=fresh.pk, heartbeat_at__gte=ago(stale_seconds)).exists():
+        return False  # its worker beat since: alive
     first = Call.objects.filter(pk=fresh.pk).values_list('request_id', flat=True).first()
     send(fresh, expires=fresh.state == State.QUEUED, request_id=first or '')
     logger.warning('Heavy work %s (%s) had no message on the broker; published it again', fresh.pk, fresh.state)

@@ -226,3 +226,22 @@ def test_position_is_the_place_among_the_queues_queued_work_by_priority_then_age
     other_queue = queued(make_user(), queue='api_heavy', priority=0, created_at=now - timedelta(minutes=1)).work
     assert [lifecycle.position(work) for work in (staff, old, new)] == [1, 2, 3]
     assert lifecycle.position(other_queue) == 1
+
+
+def test_a_call_that_joins_while_the_work_runs_is_ended_with_it_by_the_worker_that_loaded_it_before(
+        make_user, lanes, quiet):
+    """The worker read its work when it claimed it; a call that joined afterwards is counted, logged and
+    answered by the work's end all the same (its end reads the work's calls again), and the end's notice is
+    bare: the joined call's owner may have cancelled it meanwhile."""
+    user = make_user()
+    first = queued(user)
+    loaded = Work.objects.get(pk=first.work_id)  # as the worker has it from its claim
+    assert lifecycle.start(loaded, 'w@me pid 1').kind == lifecycle.RUN
+    late = another(user, Work.objects.get(pk=first.work_id))
+    published = []
+    with mock.patch('workers.notify.publish', side_effect=lambda *args: published.append(args)):
+        text = lifecycle.succeed(loaded, {'n': 1}, worker='w@me pid 1')
+        lifecycle.ended(loaded, result_text=text)
+    assert sorted(c.args[0]['task_id'] for c in quiet.call_args_list) == sorted([first.pk, late.pk])
+    assert published == [(first.work_id, State.SUCCEEDED, None)]
+    assert seen(late).state == 'succeeded' and lifecycle.result(late) == {'n': 1}

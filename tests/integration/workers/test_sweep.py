@@ -59,8 +59,11 @@ def test_a_queued_call_whose_message_was_lost_is_sent_again_and_runs(
     assert Work.objects.get(pk=call_id).attempts == 1
 
 
-def test_a_running_call_with_a_dead_worker_is_sent_again_only_when_its_message_is_gone(
+def test_a_running_call_whose_worker_is_gone_is_sent_again_even_when_its_dead_node_holds_its_message(
         broker, tiny_source, make_user, api_as, configure, lanes_redis):
+    """A node killed whole leaves its call's message unacknowledged; the broker would deliver it again only
+    after its visibility timeout (an hour), and then discard it as past its queue deadline. The sweep takes
+    that entry off `unacked` and sends the message again once the work's heartbeat is stale."""
     configure(es2_knn=1)
     client = api_as(make_user())
     call_id = submit(client, tiny_source).json()['id']
@@ -68,14 +71,15 @@ def test_a_running_call_with_a_dead_worker_is_sent_again_only_when_its_message_i
     prefix = settings.CELERY_BROKER_TRANSPORT_OPTIONS['global_keyprefix']
     raw = next(broker.rpop(name) for name in messages.lists('es2_knn') if broker.llen(name))
     broker.hset(prefix + 'unacked', 'tag-1', json.dumps([json.loads(raw), '', 'es2_knn']))
+    broker.zadd(prefix + 'unacked_index', {'tag-1': time.time() - 100})
     stale = timezone.now() - timedelta(seconds=120)
     Work.objects.filter(pk=call_id).update(state='running', worker='gone@host pid 1', started_at=stale,
-                                                heartbeat_at=stale)
+                                           heartbeat_at=stale)
 
-    assert sweep.sweep(grace_seconds=0).resent == []  # the broker will deliver it again itself
-    broker.delete(prefix + 'unacked')  # ...unless the broker lost it
     assert sweep.sweep(grace_seconds=0).resent == [call_id]
+    assert not broker.hexists(prefix + 'unacked', 'tag-1')  # never restored by the broker an hour later
     assert messages.depth('es2_knn') == 1
+    assert sweep.sweep(grace_seconds=0).resent == []  # it has a message now
     Work.objects.filter(pk=call_id).update(heartbeat_at=timezone.now())
     lose_messages(broker, 'es2_knn')
     assert sweep.sweep(grace_seconds=0).resent == []  # a live worker's call is never sent again

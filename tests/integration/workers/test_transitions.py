@@ -40,7 +40,7 @@ def test_the_first_claims_statement_is_the_tables_start(state, make_user):
     if connection.vendor != 'postgresql':
         missing_service('the postgres tests need HEAVY_LANES_TEST_ON_POSTGRES=1 (PostgreSQL as the database)')
     work = work_in(state, make_user())
-    claimed = statements.claim_first(work.pk, 'w@h pid 1', timezone.now())
+    claimed = statements.claim_first(work.pk, 'w@h pid 1')
     start = TRANSITIONS['start']
     assert (claimed is not None) == (state in start.source)
     assert Work.objects.get(pk=work.pk).state == (start.target if claimed else state)

@@ -9,10 +9,12 @@
 -- work never delivered before (attempts 0) and not past its queue deadline. Anything else returns no
 -- row, and the worker reads and decides as for any delivery.
 --
+-- Times are the database's clock (now()), as every heartbeat is (workers.lifecycle.running.beat): a worker
+-- host whose clock runs ahead or behind neither expires a work early nor looks alive or dead to the others.
+--
 -- Parameters (named):
 --   %(id)s       the work's id (the Celery task id)
 --   %(worker)s   '<node> pid <pid>' of the claiming pool process
---   %(now)s      the claim's time (timestamptz): started_at and heartbeat_at
 --   %(queued)s   'queued'   (State.QUEUED)
 --   %(running)s  'running'  (State.RUNNING)
 --
@@ -20,9 +22,9 @@
 -- first call (heavy_calls, the call whose id is the work's); no row when nothing changed.
 WITH claimed AS (
   UPDATE heavy_work
-     SET state = %(running)s, started_at = %(now)s, attempts = attempts + 1,
-         worker = %(worker)s, heartbeat_at = %(now)s
-   WHERE id = %(id)s AND state = %(queued)s AND attempts = 0 AND expires_at > %(now)s
+     SET state = %(running)s, started_at = now(), attempts = attempts + 1,
+         worker = %(worker)s, heartbeat_at = now()
+   WHERE id = %(id)s AND state = %(queued)s AND attempts = 0 AND expires_at > now()
   RETURNING *
 )
 SELECT claimed.*, first_call.*
