@@ -1,15 +1,21 @@
-"""GET /readyz: whether this API host can take heavy calls now, check by check.
+"""GET /readyz: whether this API host can take heavy calls now, check by check: its own fitness only.
 
-- `database`: a `SELECT 1` on this process's connection;
-- `lanes`: the lane store answers PING (through its own thread and deadline);
-- `broker`: the Celery broker answers PING (a call couldn't be published without it);
-- `consumers`: every lane queue whose pool size isn't 0 (not paused) has a live node consuming it, as the
-  nodes' pool reconcilers last published (workers.pool): a node counts while it published within
-  READY_STALE_FACTOR x WORKERS_RECONCILE_SECONDS, and a node that stops cleanly leaves at once.
+- `database`: this process's connection answers and takes writes (not a read-only server, a standby, or a
+  read-only SQLite file): a call is a row written before its message goes out;
+- `lanes`: the lane store answers PING (its probe: through its own thread and deadline, the skip window
+  notwithstanding);
+- `broker`: the Celery broker answers PING (a call couldn't be published without it).
+
+Beside the checks, `cluster.consumers` says which lane queues that aren't paused have no live node consuming
+them, as the nodes' pool reconcilers last published (workers.pool): a node counts while it published within
+READY_STALE_FACTOR x WORKERS_RECONCILE_SECONDS. That is a fact about the cluster, not this host: every API
+host would report it at once, so it never fails readiness (a load balancer would take every host out,
+lexical calls included, while a worker service is redeployed); it is an alert (HeavyLanesNoConsumers) and a
+field of /capacity/status/.
 
 /healthz stays the cheap liveness probe (the process and its database); this one costs three Redis round
-trips and a small read, each bounded by its client's timeouts. It answers 200 or 503 with every check, so a
-load balancer or an operator sees which one failed; an error is named by its class only (no host names).
+trips and two small reads, each bounded by its client's timeouts. It answers 200 or 503 with every check, so
+a load balancer or an operator sees which one failed; an error is named by its class only (no host names).
 """
 import time
 
@@ -26,9 +32,21 @@ OK = 'ok'
 READY_STALE_FACTOR = 1.5  # a node silent for 1.5 reconcile intervals is taken for gone (15 s by default)
 
 
+READ_ONLY = 'ReadOnly'
+
+
 def check_database():
+    """None when this process's connection answers and its writes would be taken, else why not."""
     with connection.cursor() as cursor:
+        if connection.vendor == 'postgresql':
+            cursor.execute("SELECT current_setting('transaction_read_only'), pg_is_in_recovery()")
+            read_only, standby = cursor.fetchone()
+            return READ_ONLY if read_only == 'on' or standby else None
+        if connection.vendor == 'sqlite':
+            cursor.execute('PRAGMA query_only')
+            return READ_ONLY if cursor.fetchone()[0] else None
         cursor.execute('SELECT 1')
+    return None
 
 
 def check_lanes():
@@ -60,7 +78,7 @@ def check_consumers(config):
 
 
 def run_checks():
-    """(ready, {check: 'ok' or what failed})."""
+    """(ready, {check: 'ok' or what failed}, {fact about the cluster: 'ok' or what is wrong})."""
     checks = {}
     for name, check in (('database', check_database), ('lanes', check_lanes), ('broker', check_broker)):
         try:
@@ -68,7 +86,7 @@ def run_checks():
         except Exception as ex:  # noqa: BLE001 - a failed check is the answer, not an error
             checks[name] = type(ex).__name__
     try:
-        checks['consumers'] = check_consumers(get_config()) or OK
-    except Exception as ex:  # noqa: BLE001
-        checks['consumers'] = type(ex).__name__
-    return all(value == OK for value in checks.values()), checks
+        cluster = {'consumers': check_consumers(get_config()) or OK}
+    except Exception as ex:  # noqa: BLE001 - a fact it couldn't read is said, and never fails readiness
+        cluster = {'consumers': type(ex).__name__}
+    return all(value == OK for value in checks.values()), checks, cluster

@@ -44,23 +44,25 @@ class HealthView(APIView):
 
 
 class ReadyView(APIView):
-    """Readiness: the database, the lane store, the broker and a consumer for every lane not paused
-    (api.readiness). 200 when all answer, else 503; every check is in the body."""
+    """Readiness: this host's own fitness, its database taking writes, the lane store and the broker
+    (api.readiness). 200 when all answer, else 503; every check is in the body, and beside them what is
+    wrong in the cluster (a lane without a consumer), which never fails a host's readiness."""
 
     authentication_classes = ()
     permission_classes = (AllowAny,)
 
     @extend_schema(responses={
-        200: inline_serializer('Ready', {'status': serializers.CharField(),
-                                         'checks': serializers.DictField()}),
-        503: inline_serializer('NotReady', {'status': serializers.CharField(),
-                                            'checks': serializers.DictField()})})
+        200: inline_serializer('Ready', {'status': serializers.CharField(), 'checks': serializers.DictField(),
+                                         'cluster': serializers.DictField()}),
+        503: inline_serializer('NotReady', {'status': serializers.CharField(), 'checks': serializers.DictField(),
+                                            'cluster': serializers.DictField()})})
     def get(self, request):
         from api.readiness import run_checks
-        ready, checks = run_checks()
+        ready, checks, cluster = run_checks()
         if ready:
-            return Response({'status': 'ready', 'checks': checks})
-        return Response({'status': 'not ready', 'checks': checks}, status=status.HTTP_503_SERVICE_UNAVAILABLE,
+            return Response({'status': 'ready', 'checks': checks, 'cluster': cluster})
+        return Response({'status': 'not ready', 'checks': checks, 'cluster': cluster},
+                        status=status.HTTP_503_SERVICE_UNAVAILABLE,
                         headers={'Retry-After': str(errors.SERVICE_RETRY_SECONDS)})
 
 

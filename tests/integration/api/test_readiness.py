@@ -1,5 +1,6 @@
-"""GET /readyz against real services: it fails when the broker stops and when a lane loses its last
-consumer, within one probe interval, and recovers after; /healthz stays the cheap liveness probe."""
+"""GET /readyz against real services: it fails when the broker stops or the database takes no writes, within
+one probe interval, and recovers after; a lane that loses its last consumer is said beside the checks and
+never fails a host's readiness; /healthz stays the cheap liveness probe."""
 import time
 
 import pytest
@@ -19,6 +20,10 @@ def ready(client):
     return response.status_code, response.json()['checks']
 
 
+def consumers(client):
+    return client.get('/readyz').json()['cluster']['consumers']
+
+
 @pytest.fixture
 def own_broker(settings, tmp_path):
     """A redis-server of the test's own as the broker the API checks, so the test can stop it."""
@@ -34,7 +39,7 @@ def test_readyz_fails_while_the_broker_is_down_and_recovers_when_it_is_back(
         own_broker, lanes_redis, configure, client, tmp_path):
     configure(**PAUSED)  # every lane paused: no consumer is needed
     child, url = own_broker
-    assert ready(client) == (200, {'database': 'ok', 'lanes': 'ok', 'broker': 'ok', 'consumers': 'ok'})
+    assert ready(client) == (200, {'database': 'ok', 'lanes': 'ok', 'broker': 'ok'})
 
     stop_children([child])
     started = time.monotonic()
@@ -51,24 +56,61 @@ def test_readyz_fails_while_the_broker_is_down_and_recovers_when_it_is_back(
         stop_children([back])
 
 
-def test_readyz_fails_when_a_lane_loses_its_last_consumer_and_recovers_with_a_new_one(
+def test_a_lane_without_a_consumer_is_said_and_never_fails_the_hosts_readiness(
         broker, start_worker, configure, client, settings):
     settings.WORKERS_RECONCILE_SECONDS = 0.5  # the workers' (start_worker), so stale is 0.75 s here
     configure(es2_knn=1)  # es2_knn paused: interactive and api_heavy need a consumer
-    status, checks = ready(client)
-    assert status == 503 and checks['consumers'] == 'no consumer for interactive, api_heavy'
+    assert ready(client)[0] == 200  # every host would say it at once: a cluster alert, not a host's fitness
+    assert consumers(client) == 'no consumer for interactive, api_heavy'
 
     worker = start_worker(name='all')
-    wait_until(lambda: ready(client)[0] == 200, timeout=10, interval=0.1, message='ready with a consumer')
+    wait_until(lambda: consumers(client) == 'ok', timeout=10, interval=0.1, message='a consumer')
     worker.kill()  # SIGKILL: no clean goodbye, its last heartbeat just goes stale
     lost = time.monotonic()
-    wait_until(lambda: ready(client)[0] == 503, timeout=5, interval=0.1, message='not ready')
+    wait_until(lambda: consumers(client) != 'ok', timeout=5, interval=0.1, message='no consumer')
     assert time.monotonic() - lost <= 0.75 + 0.6  # stale after 1.5 reconcile intervals
     # Each lane's heartbeat is written in turn within a tick, so the second can go stale a moment later.
-    wait_until(lambda: ready(client)[1]['consumers'] == 'no consumer for interactive, api_heavy', timeout=1,
+    wait_until(lambda: consumers(client) == 'no consumer for interactive, api_heavy', timeout=1,
                interval=0.05, message='both lanes without a consumer')
+    assert ready(client)[0] == 200
 
     again = start_worker(name='again')
-    wait_until(lambda: ready(client)[0] == 200, timeout=10, interval=0.1, message='ready again')
+    wait_until(lambda: consumers(client) == 'ok', timeout=10, interval=0.1, message='a consumer again')
     again.stop()  # a clean stop leaves the registry at once
-    assert ready(client)[0] == 503
+    assert consumers(client) != 'ok' and ready(client)[0] == 200
+
+
+def readyz_fails_while_the_database_takes_no_writes(client, configure):
+    """A read-only database (a full disk, a read-only role, a standby after a failover) answers SELECT 1
+    and refuses every call: the host is not ready for heavy calls, which are rows before messages."""
+    from django.db import connection
+    switch = {'sqlite': ('PRAGMA query_only = ON', 'PRAGMA query_only = OFF'),
+              'postgresql': ('SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY',
+                             'SET SESSION CHARACTERISTICS AS TRANSACTION READ WRITE')}[connection.vendor]
+    configure(**PAUSED)
+    assert ready(client)[0] == 200
+    with connection.cursor() as cursor:
+        cursor.execute(switch[0])
+    try:
+        status, checks = ready(client)
+        assert (status, checks['database']) == (503, 'ReadOnly')
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(switch[1])
+    assert ready(client)[0] == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_readyz_fails_while_the_database_takes_no_writes(lanes_redis, broker, configure, client):
+    readyz_fails_while_the_database_takes_no_writes(client, configure)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_readyz_fails_while_the_database_takes_no_writes_on_postgres(lanes_redis, broker, configure, client):
+    from django.db import connection
+
+    from tests.conftest import missing_service
+    if connection.vendor != 'postgresql':
+        missing_service('the postgres tests need HEAVY_LANES_TEST_ON_POSTGRES=1 (PostgreSQL as the database)')
+    readyz_fails_while_the_database_takes_no_writes(client, configure)
