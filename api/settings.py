@@ -96,6 +96,9 @@ DATABASES = {
     'default': dj_database_url.parse(
         os.environ.get('DATABASE_URL') or f'sqlite:///{VAR_DIR / "heavy_lanes.sqlite3"}',
         conn_max_age=env_int('DATABASE_CONN_MAX_AGE', 0),
+        # A kept or pooled connection is checked before it is used again (the pool's check, Django's own
+        # for a persistent one): one a database restart or failover ended costs a round trip, not a request.
+        conn_health_checks=True,
     ),
 }
 if DATABASES['default']['ENGINE'] == 'django.db.backends.sqlite3':
