@@ -43,6 +43,7 @@ from capacity.admission import lease_from_message
 from capacity.config import get_config
 from capacity.lease import LeaseRenewer
 from common import request_id
+from common.database import DATABASE_DOWN, drop_broken_connections
 from workers import lifecycle
 from workers import work as domain
 from workers.models import State
@@ -180,18 +181,40 @@ def run_loaded(first, perform, node, soft_limit, claimed=None):
     return result
 
 
+RECORD_PAUSE_SECONDS = (0.2, 5.0)  # the first and the longest pause between tries to record an end
+RECORD_PATIENCE_SECONDS = None  # how long to try; None: the config's lease_seconds
+
+
 def record(heartbeat, write, *args, **kwargs):
-    """Record the call's end with `write`. When that fails (the database refused it: the task sends its
-    message again), stop the heartbeat first: the work is over, and a row still beaten would make every
-    later delivery of the call wait for a live worker (Busy) until max_hold_seconds. The leases are left
-    as they are: they expire lease_seconds after the last renewal, and the delivery that takes over the
-    call once its heartbeat is stale retakes them."""
-    try:
-        return write(*args, **kwargs)
-    except BaseException:
-        if heartbeat is not None:
-            heartbeat.stop()
-        raise
+    """Record the work's end with `write`, trying again while the database can't take it (a restart, a
+    failover, a read-only spell) for up to `patience` seconds (lease_seconds): the work is done, and its
+    result, kept here in memory, is worth the wait: given up, the task sends its message again and the
+    next delivery computes it a second time. Meanwhile the heartbeat goes on (its leases stay renewed, and
+    its beats, which fail too, start again with the database). When it fails for good, stop the heartbeat
+    first: the work is over, and a row still beaten would make every later delivery wait for a live worker
+    (Busy) until max_hold_seconds. The leases are left as they are: they expire lease_seconds after the
+    last renewal, and the delivery that takes over once the heartbeat is stale retakes them."""
+    patience = RECORD_PATIENCE_SECONDS if RECORD_PATIENCE_SECONDS is not None else get_config().lease_seconds
+    deadline = time.monotonic() + patience
+    pause = RECORD_PAUSE_SECONDS[0]
+    while True:
+        try:
+            return write(*args, **kwargs)
+        except DATABASE_DOWN as ex:
+            if time.monotonic() + pause < deadline:
+                logger.warning('The end of a heavy work could not be recorded (%s: %s); trying again in %.1f s',
+                               type(ex).__name__, ex, pause)
+                drop_broken_connections()
+                time.sleep(pause)
+                pause = min(pause * 2, RECORD_PAUSE_SECONDS[1])
+                continue
+            if heartbeat is not None:
+                heartbeat.stop()
+            raise
+        except BaseException:
+            if heartbeat is not None:
+                heartbeat.stop()
+            raise
 
 
 class Ending:

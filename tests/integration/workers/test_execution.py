@@ -290,10 +290,37 @@ def test_a_cancel_whose_revoke_never_reached_the_worker_stops_the_work_at_its_ne
     assert lines.call_args.args[0]['state'] == 'cancelled'
 
 
-def test_a_call_whose_end_cant_be_recorded_stops_its_heartbeat(deliver, make_user, lanes, lines):
-    # The database refused the end (the task sends its message again): no heartbeat may go on beating the
-    # row for a run that is over, or every later delivery waits for a live worker until max_hold_seconds.
+def test_an_end_the_database_refuses_for_a_moment_is_recorded_once_it_takes_it_without_a_second_run(
+        deliver, make_user, lanes, lines, monkeypatch):
+    """A restart or a read-only spell of the database as a work ends: the result, kept in memory, is
+    recorded when the database takes writes again, instead of the task sending its message again and the
+    next delivery computing it a second time."""
     from django.db import OperationalError
+    monkeypatch.setattr(execution, 'RECORD_PAUSE_SECONDS', (0.01, 0.05))
+    call = admitted(make_user())
+    real = lifecycle.succeed
+    refusals = []
+
+    def read_only_for_a_moment(*args, **kwargs):
+        if len(refusals) < 3:
+            refusals.append(1)
+            raise OperationalError('cannot execute UPDATE in a read-only transaction')
+        return real(*args, **kwargs)
+    runs = []
+    with mock.patch.object(lifecycle, 'succeed', side_effect=read_only_for_a_moment):
+        assert deliver(call.pk, perform=lambda row: runs.append(1) or {'n': 1}) == {'n': 1}
+    work = Work.objects.get(pk=call.pk)
+    assert (work.state, work.attempts, len(runs), len(refusals)) == ('succeeded', 1, 1, 3)
+    assert result(work) == {'n': 1} and scores(lanes, call) == [None] * len(keys(call))
+
+
+def test_a_call_whose_end_cant_be_recorded_stops_its_heartbeat(deliver, make_user, lanes, lines, monkeypatch):
+    # The database refused the end for longer than the worker waits (the task sends its message again): no
+    # heartbeat may go on beating the row for a run that is over, or every later delivery waits for a live
+    # worker until max_hold_seconds.
+    from django.db import OperationalError
+    monkeypatch.setattr(execution, 'RECORD_PAUSE_SECONDS', (0.01, 0.05))
+    monkeypatch.setattr(execution, 'RECORD_PATIENCE_SECONDS', 0.2)
     call = admitted(make_user())
     heartbeats = []
     real = execution.start_heartbeat
