@@ -92,32 +92,37 @@ TEMPLATES = [{
     ]},
 }]
 
-DATABASES = {
-    'default': dj_database_url.parse(
-        os.environ.get('DATABASE_URL') or f'sqlite:///{VAR_DIR / "heavy_lanes.sqlite3"}',
-        conn_max_age=env_int('DATABASE_CONN_MAX_AGE', 0),
+DATABASE_POOL_SIZE = env_int('DATABASE_POOL_SIZE', 0)
+
+
+def database(url):
+    """The settings of the database at `url`, as every process of the service (and the tests) uses it."""
+    settings = dj_database_url.parse(
+        url, conn_max_age=env_int('DATABASE_CONN_MAX_AGE', 0),
         # A kept or pooled connection is checked before it is used again (the pool's check, Django's own
         # for a persistent one): one a database restart or failover ended costs a round trip, not a request.
-        conn_health_checks=True,
-    ),
-}
-if DATABASES['default']['ENGINE'] == 'django.db.backends.sqlite3':
-    # API and worker processes write the same file. Wait for the lock instead of failing at once, and take
-    # it when a transaction begins: a reader that later wants to write gets "database is locked" at once,
-    # without waiting, when another process writes. (Not WAL: pool processes forked from a worker that
-    # has the file open hung on their first query.)
-    DATABASES['default'].setdefault('OPTIONS', {}).update({'timeout': 20, 'transaction_mode': 'IMMEDIATE'})
-# A connection pool per API process (Django's own, over psycopg_pool) when DATABASE_POOL_SIZE is set, as
-# api/gunicorn_config.py sets it for the API: 2 processes of 64 threads would otherwise keep a connection
-# per thread (CONN_MAX_AGE) or open one per request, and dozens of requests waiting for their results
-# would hold PostgreSQL's connections (100 by default) for nothing. A thread borrows a connection for a
-# request and gives it back at the end, and a waiting request gives it back while it waits
-# (workers.lifecycle.wait). Not in the workers: a prefork child must not inherit its parent's pool.
-DATABASE_POOL_SIZE = env_int('DATABASE_POOL_SIZE', 0)
-if DATABASE_POOL_SIZE and DATABASES['default']['ENGINE'] == 'django.db.backends.postgresql':
-    DATABASES['default']['CONN_MAX_AGE'] = 0  # the pool keeps the connections
-    DATABASES['default'].setdefault('OPTIONS', {})['pool'] = {
-        'min_size': 1, 'max_size': DATABASE_POOL_SIZE, 'timeout': env_float('DATABASE_POOL_TIMEOUT', 20.0)}
+        conn_health_checks=True)
+    if settings['ENGINE'] == 'django.db.backends.sqlite3':
+        # API and worker processes write the same file. Wait for the lock instead of failing at once, and
+        # take it when a transaction begins: a reader that later wants to write gets "database is locked"
+        # at once, without waiting, when another process writes. (Not WAL: pool processes forked from a
+        # worker that has the file open hung on their first query.)
+        settings.setdefault('OPTIONS', {}).update({'timeout': 20, 'transaction_mode': 'IMMEDIATE'})
+    elif DATABASE_POOL_SIZE and settings['ENGINE'] == 'django.db.backends.postgresql':
+        # A connection pool per API process (Django's own, over psycopg_pool) when DATABASE_POOL_SIZE is set,
+        # as api/gunicorn_config.py sets it for the API: 2 processes of 64 threads would otherwise keep a
+        # connection per thread (CONN_MAX_AGE) or open one per request, and dozens of requests waiting for
+        # their results would hold PostgreSQL's connections (100 by default) for nothing. A thread borrows a
+        # connection for a request and gives it back at the end, and a waiting request gives it back while
+        # it waits (workers.lifecycle.wait). Not in the workers: a prefork child must not inherit its
+        # parent's pool.
+        settings['CONN_MAX_AGE'] = 0  # the pool keeps the connections
+        settings.setdefault('OPTIONS', {})['pool'] = {
+            'min_size': 1, 'max_size': DATABASE_POOL_SIZE, 'timeout': env_float('DATABASE_POOL_TIMEOUT', 20.0)}
+    return settings
+
+
+DATABASES = {'default': database(os.environ.get('DATABASE_URL') or f'sqlite:///{VAR_DIR / "heavy_lanes.sqlite3"}')}
 DEFAULT_AUTO_FIELD = 'django.db.models.BigAutoField'
 
 LANGUAGE_CODE = 'en-us'

@@ -34,10 +34,9 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {**CELERY_BROKER_TRANSPORT_OPTIONS,  # noqa: F
 HEAVY_LANES_INVALIDATION_CHANNEL = f'heavy-lanes:invalidate:{os.environ["HEAVY_LANES_TEST_RUN_ID"]}'
 
 if os.environ.get('HEAVY_LANES_TEST_ON_POSTGRES') == '1':
-    # The second pass of `make test`: the tests marked `postgres` run with PostgreSQL as the database.
-    import dj_database_url
-
-    DATABASES = {'default': dj_database_url.parse(
+    # The second pass of `make test`: the tests marked `postgres` run with PostgreSQL as the database, set up
+    # as the service sets up its own (api.settings.database).
+    DATABASES = {'default': database(  # noqa: F405 - from api.settings
         os.environ.get('HEAVY_LANES_TEST_DATABASE_URL', 'postgres://postgres@127.0.0.1:5432/test'))}
 
 CAPACITY_TASK_ID = os.environ.get('CAPACITY_TASK_ID') or 'test-host'
