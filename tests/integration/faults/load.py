@@ -136,9 +136,10 @@ def wait_all_ended(ids, timeout, late_seconds):
 
 def over_admissions(calls, slack_seconds=0.5):
     """Calls counted in a lane (decision `admitted`, holding leases) while the lane already held its limit
-    of other counted calls that were still open, from the rows alone: each call holds its lanes from its
-    row's `created_at` (after admission) to `finished_at` (after its release) less `slack_seconds`, a
-    span inside the one in which it truly held them, so an overlap found here happened.
+    of other counted calls that were still open, from the rows alone: each call (a workers.models.Call)
+    holds its lanes from its row's `created_at` (after admission) to its work's `finished_at` (after the
+    release) less `slack_seconds`, a span inside the one in which it truly held them, so an overlap found
+    here happened.
 
     Returns [(lane key, limit, call ids open at once)] for each excess found.
     """
@@ -147,9 +148,9 @@ def over_admissions(calls, slack_seconds=0.5):
     for call in calls:
         admission = call.admission or {}
         counted = admission.get('decision') == 'admitted' and admission.get('holding')
-        if not counted or call.finished_at is None:
+        if not counted or call.work.finished_at is None:
             continue
-        end = call.finished_at - timedelta(seconds=slack_seconds)
+        end = call.work.finished_at - timedelta(seconds=slack_seconds)
         for lane, key, limit, _count in admission.get('lanes') or ():
             if lane == 'api_heavy_task':
                 continue  # the waiting requests' lane, not a call's

@@ -19,7 +19,7 @@ from django_celery_results.models import TaskResult
 
 from tests.integration.faults.load import FINAL, Load, capacity_lines, over_admissions, wait_all_ended
 from tests.integration.workers.conftest import wait_until
-from workers.models import Work
+from workers.models import Call, Work
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.postgres]
 WIDE = {'staff': 40, 'core': 40, 'early_access': 40, 'preview': 40}
@@ -118,7 +118,7 @@ def test_a_redis_pause_under_load_loses_nothing_leaks_nothing_and_runs_nothing_t
     # No call was admitted into a lane that already held its limit of counted calls (the load kept it
     # full: a share of the submissions was refused).
     assert any(answer.status == 429 for answer in answers)
-    assert over_admissions(calls) == []
+    assert over_admissions(Call.objects.filter(work__in=calls).select_related('work')) == []
     # Nothing is left on the broker. A publish that landed after its API gave up (503) is a message without a
     # row: a worker drops it once the row can't come any more (ROW_WAIT_SECONDS).
     wait_until(lambda: stack.messages() == set(), timeout=20, interval=0.5, message='an empty broker')
