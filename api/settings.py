@@ -143,6 +143,9 @@ SPECTACULAR_SETTINGS = {
     'VERSION': '1.0.0',
     'POSTPROCESSING_HOOKS': ['drf_spectacular.hooks.postprocess_schema_enums', 'api.schema.restore_dollar_paths'],
 }
+# Origins a browser may send a session's writes from (the admin, the lanes page) when they differ from the
+# Host Django sees, e.g. https://lanes.example.org behind a proxy that terminates TLS. Comma-separated.
+CSRF_TRUSTED_ORIGINS = env_list('CSRF_TRUSTED_ORIGINS')
 
 # --- Tiers: a user's highest plan, from is_staff and these groups (highest first after staff).
 CORE_USER_GROUP = os.environ.get('CORE_USER_GROUP', 'core_user')
