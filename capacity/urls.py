@@ -7,4 +7,5 @@ urlpatterns = [
     path('config/', views.CapacityConfigView.as_view(), name='capacity-config'),
     path('config/history/', views.CapacityConfigHistoryView.as_view(), name='capacity-config-history'),
     path('status/', views.CapacityStatusView.as_view(), name='capacity-status'),
+    path('decisions/', views.CapacityDecisionsView.as_view(), name='capacity-decisions'),
 ]

@@ -86,3 +86,20 @@ class CapacityStatusView(StaffView):
     def get(self, request):
         from capacity.status import get_status  # reads Redis; only this view needs it
         return Response(get_status(get_current()[1]))
+
+
+class CapacityDecisionsView(StaffView):
+    """GET the gated calls' decisions per minute over the last hour (`?minutes=N`, 1 to 60, default 60),
+    oldest minute first: `{"redis": "ok", "series": [{"minute": <epoch s>, "decisions": {decision: n}}]}`;
+    a Redis that doesn't answer gives `redis: '<error>'` and no series, as the status does."""
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT}, parameters=[
+        OpenApiParameter('minutes', OpenApiTypes.INT, description='1 to 60, default 60')])
+    def get(self, request):
+        from capacity import counters  # reads Redis; only this view needs it
+        from capacity.store import Unknown
+        minutes = to_int(request.query_params.get('minutes'), counters.SERIES_MINUTES)
+        series = counters.decisions_per_minute(minutes)
+        if isinstance(series, Unknown):  # like the status: report a broken Redis, don't fail
+            return Response({'redis': series.error, 'series': []})
+        return Response({'redis': 'ok', 'series': series})

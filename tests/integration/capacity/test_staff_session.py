@@ -9,7 +9,8 @@ from capacity.models import CapacityConfig
 
 pytestmark = pytest.mark.django_db
 
-STAFF_ENDPOINTS = ('/capacity/config/', '/capacity/config/history/', '/capacity/status/')
+STAFF_ENDPOINTS = ('/capacity/config/', '/capacity/config/history/', '/capacity/status/',
+                   '/capacity/decisions/')
 
 
 def token_client(user=None):
@@ -66,3 +67,18 @@ def test_tokens_still_work_and_need_no_csrf_token(lanes, make_user):
         assert token_client().get(path).status_code == 401, path
         assert token_client(make_user()).get(path).status_code == 403, path
     assert staff.patch('/capacity/config/', {'es2_knn': 4}, format='json').status_code == 200
+
+
+def test_the_decisions_endpoint_answers_the_minutes_of_the_last_hour(lanes, make_user):
+    staff = token_client(make_user(is_staff=True))
+    answer = staff.get('/capacity/decisions/').json()
+    assert answer['redis'] == 'ok' and len(answer['series']) == 60
+    assert [set(minute) for minute in answer['series']] == [{'minute', 'decisions'}] * 60
+    assert len(staff.get('/capacity/decisions/', {'minutes': 10}).json()['series']) == 10
+
+
+def test_the_decisions_endpoint_says_so_when_redis_cannot_answer(lanes, make_user):
+    from capacity.store import get_store
+    get_store().mark_unavailable()  # as after a Redis error: the skip window is open
+    answer = token_client(make_user(is_staff=True)).get('/capacity/decisions/').json()
+    assert answer['series'] == [] and answer['redis'].startswith('skipped')
