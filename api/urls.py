@@ -1,5 +1,8 @@
-"""Root URLs: the public HTTP contract (docs/api.md, and the OpenAPI schema at /schema/)."""
+"""Root URLs: the public HTTP contract (docs/api.md, and the OpenAPI schema at /schema/), and Django's admin at
+/admin/ (docs/operations.md)."""
 from django.conf import settings
+from django.contrib import admin
+from django.contrib.staticfiles.urls import staticfiles_urlpatterns
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 
@@ -14,8 +17,15 @@ urlpatterns = [
     path('tasks/<str:call_id>/', views.TaskView.as_view(), name='task'),
     path('capacity/', include('capacity.urls')),
     path('schema/', SpectacularAPIView.as_view(), name='schema'),
+    path('admin/', admin.site.urls),
     path('', include('concepts.urls')),
 ]
+
+admin.site.site_header = admin.site.site_title = 'Heavy Lanes admin'
+
+# Static files (the admin's) from the apps' folders, under DEBUG only (make run); in production the proxy
+# serves what collectstatic gathered (docs/deployment.md).
+urlpatterns += staticfiles_urlpatterns()
 
 # Benchmark floors (api/bench_views.py): only with HEAVY_LANES_BENCH_VIEWS, which production never has.
 urlpatterns += [path('bench/', include('api.bench_views'))] if settings.HEAVY_LANES_BENCH_VIEWS else []
