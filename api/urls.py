@@ -22,9 +22,10 @@ urlpatterns = [
 ]
 
 admin.site.site_header = admin.site.site_title = 'Heavy Lanes admin'
+admin.site.site_url = '/capacity/dashboard/'  # the admin's "view site": the staff lanes page
 
-# Static files (the admin's) from the apps' folders, under DEBUG only (make run); in production the proxy
-# serves what collectstatic gathered (docs/deployment.md).
+# Static files (the admin's, the lanes page's) from the apps' folders, under DEBUG only (make run); in
+# production the proxy serves what collectstatic gathered (docs/deployment.md).
 urlpatterns += staticfiles_urlpatterns()
 
 # Benchmark floors (api/bench_views.py): only with HEAVY_LANES_BENCH_VIEWS, which production never has.

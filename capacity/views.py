@@ -5,11 +5,13 @@ admin's login page), whose writes DRF's SessionAuthentication makes carry a CSRF
 first, so an anonymous request is answered 401 with `WWW-Authenticate: Token`, as everywhere in the API.
 """
 from django.core.exceptions import ValidationError
+from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.parsers import JSONParser
 from rest_framework.permissions import IsAdminUser
+from rest_framework.renderers import JSONRenderer, TemplateHTMLRenderer
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
@@ -103,3 +105,30 @@ class CapacityDecisionsView(StaffView):
         if isinstance(series, Unknown):  # like the status: report a broken Redis, don't fail
             return Response({'redis': series.error, 'series': []})
         return Response({'redis': 'ok', 'series': series})
+
+
+class DashboardRenderer(TemplateHTMLRenderer):
+    """The lanes page; a refusal (401, 403) is a short page that says why and links to the login."""
+
+    template_name = 'capacity/dashboard.html'
+    exception_template_names = ('capacity/refused.html',)
+
+
+class CapacityDashboardView(StaffView):
+    """GET /capacity/dashboard/: the staff lanes page (HTML). It draws what the endpoints above answer,
+    refreshed every REFRESH_SECONDS by its script (capacity/static/capacity/dashboard.js), and changes
+    the config through PATCH /capacity/config/ like any staff client. Asked for JSON, it answers what
+    the page is given: the URLs it reads and its refresh interval."""
+
+    renderer_classes = (DashboardRenderer, JSONRenderer)
+    REFRESH_SECONDS = 3
+
+    @extend_schema(exclude=True)  # a page for people, not part of the HTTP contract
+    def get(self, request):
+        return Response({
+            'user': request.user.get_username(),
+            'refresh_seconds': self.REFRESH_SECONDS,
+            'urls': {'status': reverse('capacity-status'), 'config': reverse('capacity-config'),
+                     'history': reverse('capacity-config-history'),
+                     'decisions': reverse('capacity-decisions')},
+        })

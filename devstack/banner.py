@@ -40,6 +40,8 @@ def banner(*, var, logs, api_url, flower_url, flower_auth, redis_url, redis_kind
         '',
         f'  API       {api_url}/            health {api_url}/healthz',
         f'  Schema    {api_url}/schema/',
+        f'  Lanes     {api_url}/capacity/dashboard/    admin {api_url}/admin/',
+        '            (staff log in with a password: .venv/bin/python manage.py changepassword demo-staff)',
         f'  Sources   {api_url}/sources/    {source_url}  {source_text}',
         f'  Flower    {flower_url}/    user {user}  password {password}',
         f'  Redis     {masked(redis_url)}  ({redis_kind})',
