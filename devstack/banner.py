@@ -39,7 +39,7 @@ def banner(*, var, logs, api_url, flower_url, flower_auth, redis_url, redis_kind
         f'Heavy Lanes is running (ready in {seconds:.1f} s). Ctrl-C stops everything.',
         '',
         f'  API       {api_url}/            health {api_url}/healthz',
-        f'  Schema    {api_url}/schema/',
+        f'  Schema    {api_url}/schema/    interactive: {api_url}/schema/docs/',
         f'  Lanes     {api_url}/capacity/dashboard/    admin {api_url}/admin/',
         '            (staff log in with a password: .venv/bin/python manage.py changepassword demo-staff)',
         f'  Sources   {api_url}/sources/    {source_url}  {source_text}',

@@ -1,8 +1,10 @@
 """The OpenAPI schema is generated from the code without errors, declares the headers clients act on, and
-docs/openapi.yaml is up to date."""
+docs/openapi.yaml is up to date; the interactive page (Swagger UI) is served from this service's own files."""
 import os
+import re
 
 import yaml
+from django.contrib.staticfiles import finders
 from django.core.management import call_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -31,3 +33,15 @@ def test_the_schema_describes_the_heavy_calls_and_docs_openapi_yaml_is_current(t
     with open(os.path.join(ROOT, 'docs', 'openapi.yaml')) as committed:
         assert committed.read() == generated.read_text(), (
             'docs/openapi.yaml is stale: .venv/bin/python manage.py spectacular --file docs/openapi.yaml')
+
+
+def test_the_interactive_api_page_loads_swagger_ui_from_this_service(client):
+    page = client.get('/schema/docs/')
+    assert page.status_code == 200
+    html = page.content.decode()
+    assets = re.findall(r'(?:src|href)="([^"]+)"', html)
+    assert any(asset.endswith('swagger-ui-bundle.js') for asset in assets)
+    assert all(asset.startswith('/static/drf_spectacular_sidecar/') for asset in assets), assets
+    assert '/schema/' in html  # the schema it shows
+    for asset in assets:  # each one is a file this service has (collectstatic gathers it for the proxy)
+        assert finders.find(asset.removeprefix('/static/')), asset
