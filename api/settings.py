@@ -55,6 +55,7 @@ INSTALLED_APPS = [
     'rest_framework',
     'rest_framework.authtoken',
     'drf_spectacular',
+    'drf_spectacular_sidecar',  # Swagger UI's files for /schema/docs/, served from here: no CDN
     'django_celery_results',
     'capacity',
     'workers',
@@ -147,7 +148,11 @@ SPECTACULAR_SETTINGS = {
     'DESCRIPTION': 'Heavy calls admitted through lease lanes and run on per-lane Celery queues.',
     'VERSION': '1.0.0',
     'POSTPROCESSING_HOOKS': ['drf_spectacular.hooks.postprocess_schema_enums', 'api.schema.restore_dollar_paths'],
+    'SWAGGER_UI_DIST': 'SIDECAR', 'SWAGGER_UI_FAVICON_HREF': 'SIDECAR', 'REDOC_DIST': 'SIDECAR',
 }
+# Origins a browser may send a session's writes from (the admin, the lanes page) when they differ from the
+# Host Django sees, e.g. https://lanes.example.org behind a proxy that terminates TLS. Comma-separated.
+CSRF_TRUSTED_ORIGINS = env_list('CSRF_TRUSTED_ORIGINS')
 
 # --- Tiers: a user's highest plan, from is_staff and these groups (highest first after staff).
 CORE_USER_GROUP = os.environ.get('CORE_USER_GROUP', 'core_user')

@@ -1,7 +1,9 @@
 """Root URLs: the public HTTP contract (docs/api.md, and the OpenAPI schema at /schema/)."""
 from django.conf import settings
+from django.contrib import admin
+from django.contrib.staticfiles.urls import staticfiles_urlpatterns
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from api import views
 
@@ -14,8 +16,17 @@ urlpatterns = [
     path('tasks/<str:call_id>/', views.TaskView.as_view(), name='task'),
     path('capacity/', include('capacity.urls')),
     path('schema/', SpectacularAPIView.as_view(), name='schema'),
+    path('schema/docs/', SpectacularSwaggerView.as_view(url_name='schema'), name='schema-docs'),
+    path('admin/', admin.site.urls),
     path('', include('concepts.urls')),
 ]
+
+admin.site.site_header = admin.site.site_title = 'Heavy Lanes admin'
+admin.site.site_url = '/capacity/dashboard/'  # the admin's "view site": the staff lanes page
+
+# Static files (the admin's, the lanes page's, the API page's) from the apps' folders, under DEBUG only (make
+# run); in production the proxy serves what collectstatic gathered (docs/deployment.md).
+urlpatterns += staticfiles_urlpatterns()
 
 # Benchmark floors (api/bench_views.py): only with HEAVY_LANES_BENCH_VIEWS, which production never has.
 urlpatterns += [path('bench/', include('api.bench_views'))] if settings.HEAVY_LANES_BENCH_VIEWS else []

@@ -17,6 +17,7 @@ from rest_framework.views import APIView
 
 from api import errors, prefer
 from api.throttles import HeavyRateThrottle
+from capacity import constants
 from capacity.admission import headers, quotas, refusal_body
 from capacity.caller import RequestFacts
 from capacity.config import get_config
@@ -148,6 +149,39 @@ HEAVY_RESPONSES = {
                                               'limited (`rate_limited`).'),
     503: OpenApiResponse(ERROR, description='The work queue is unavailable; nothing was submitted.'),
 }
+
+
+def response_header(name, codes, description, kind=OpenApiTypes.STR):
+    """A header the answers with these status codes carry (docs/api.md describes each)."""
+    return OpenApiParameter(name, kind, OpenApiParameter.HEADER, description=description,
+                            response=list(codes))
+
+
+GATED = (200, 202, 429)  # the answers of a gated call (not in `off` mode) carry the capacity headers
+HEAVY_RESPONSE_HEADERS = [
+    response_header('Location', [202], 'The task handle to poll: `/tasks/<id>/`.'),
+    response_header('Content-Location', [200, 400, 503], 'The task that answered, when the call ran as one '
+                                                         '(`/tasks/<id>/`; not on a lexical `$match`).'),
+    response_header('Retry-After', [202, 429, 503], 'Seconds: when to poll the handle (202), retry a refused '
+                                                    'call (429), or retry at all (503).', OpenApiTypes.INT),
+    response_header('Preference-Applied', [200, 202], 'The `Prefer` preferences honoured: `respond-async`, '
+                                                      '`wait=N` (RFC 7240).'),
+    response_header('RateLimit-Policy', GATED, 'The lanes this call took and the rate limit, as IETF '
+                                               'RateLimit policies (`q`, `qu`, `w`, `pk`).'),
+    response_header('RateLimit', GATED, 'What is left of each policy after this call (`r`), and for a full '
+                                        'one the seconds until it frees up (`t`).'),
+    response_header(constants.HEADER_DECISION, GATED,
+                    '`admitted`, `shadow-refused`, `refused`, `unavailable`, `coalesced` or `cached`.'),
+    response_header(constants.HEADER_LIMIT, GATED,
+                    "The `api_heavy` lane's limit for this call (bulk: less the single-row reserve).",
+                    OpenApiTypes.INT),
+    response_header(constants.HEADER_IN_FLIGHT, GATED, 'Leases in the `api_heavy` lane.', OpenApiTypes.INT),
+    response_header(constants.HEADER_TIER, GATED, "The caller's tier."),
+    response_header(constants.HEADER_TIER_LIMIT, GATED, "The tier's limit.", OpenApiTypes.INT),
+    response_header(constants.HEADER_TIER_IN_FLIGHT, GATED, "Leases in the tier's lane.", OpenApiTypes.INT),
+    response_header(constants.HEADER_SUGGESTED, GATED, 'How many calls this user should keep in flight now.',
+                    OpenApiTypes.INT),
+]
 HEAVY_PARAMETERS = [
     OpenApiParameter('Idempotency-Key', OpenApiTypes.STR, OpenApiParameter.HEADER,
                      description='Same key and payload return the same task handle.'),
@@ -155,7 +189,12 @@ HEAVY_PARAMETERS = [
                      description='`respond-async` or `wait=N` (seconds, capped by config).'),
     OpenApiParameter('X-OCL-Event-Metadata', OpenApiTypes.STR, OpenApiParameter.HEADER,
                      description='JSON object; `"capacity_aware": "true"` opts in to enforced 429s.'),
+    *HEAVY_RESPONSE_HEADERS,
 ]
+POLL_HINT = response_header('Retry-After', [200], 'While the call is unfinished: seconds until it is '
+                            'expected to finish (when to poll again).', OpenApiTypes.INT)
+NUM_RETURNED = response_header('num_returned', [200], "OCL's count of the candidates in the answer, all "
+                               'rows together.', OpenApiTypes.INT)
 
 
 def with_count(response):
@@ -310,7 +349,8 @@ class MatchView(HeavyCallView):
             'filter': serializers.DictField(required=False)}),
         parameters=[OpenApiParameter(name, OpenApiTypes.BOOL) for name in ('semantic', 'reranker', 'bestMatch',
                                                                           'verbose')]
-        + [OpenApiParameter(name, OpenApiTypes.INT) for name in ('limit', 'offset', 'page')] + HEAVY_PARAMETERS,
+        + [OpenApiParameter(name, OpenApiTypes.INT) for name in ('limit', 'offset', 'page')]
+        + HEAVY_PARAMETERS + [NUM_RETURNED],
         responses={200: OpenApiResponse(MATCH_ENTRY, description=(
             "OCL's answer, one entry per row: in the request for a lexical call, else once the call ended "
             'within the wait (Content-Location names its task).')), **HEAVY_RESPONSES})
@@ -360,7 +400,8 @@ class TaskView(APIView):
         call.work = lifecycle.expire(call.work)
         return call
 
-    @extend_schema(parameters=[OpenApiParameter('wait', OpenApiTypes.INT, description='Long-poll up to N s.')],
+    @extend_schema(parameters=[OpenApiParameter('wait', OpenApiTypes.INT, description='Long-poll up to N s.'),
+                               POLL_HINT],
                    responses={200: TASK, 404: ERROR})
     def get(self, request, call_id):
         call = self.get_call(request, call_id)

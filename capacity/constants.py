@@ -64,6 +64,9 @@ HEADERS = (HEADER_DECISION, HEADER_LIMIT, HEADER_IN_FLIGHT, HEADER_TIER, HEADER_
 INTERACTIVE_QUEUE, ES2_KNN_QUEUE, API_HEAVY_QUEUE = 'interactive', 'es2_knn', 'api_heavy'
 QUEUES = (INTERACTIVE_QUEUE, ES2_KNN_QUEUE, API_HEAVY_QUEUE)
 
+# Decisions are counted per minute too, each minute kept this long (capacity.counters.decisions_per_minute).
+DECISION_SERIES_MINUTES = 60
+
 CHOICES = {'mode': MODES, 'enforce_for': ENFORCE_FOR}
 MAX_NUMBER = 100000
 WAIT_CAP_SECONDS = 3600  # wait.max_seconds can't go above this (a proxy's read timeout must exceed it)

@@ -5,11 +5,18 @@ cached: workers.sharing); calls that ended, by queue and final state (counted on
 the transition that ends them, so the count neither costs a scan of the calls' table nor drops when
 retention deletes old rows). One hash under the lane prefix; increments gather in the
 process and reach Redis on the lane store's Redis thread, and never delay or fail a call.
+
+Decisions are also kept per minute for the last hour (`decisions_per_minute`, the staff lanes page's
+chart): one small hash per minute (`decision -> count`, keys.decisions_minute_key) that expires an hour
+after its minute, so the series is bounded (at most SERIES_MINUTES + 1 hashes of a few fields) however
+long the service runs. A call counts in the minute its API process's clock was in when it was decided.
 """
 import threading
+import time
 from collections import Counter
 
-from capacity.store import get_store
+from capacity.constants import DECISION_SERIES_MINUTES as SERIES_MINUTES
+from capacity.store import Unknown, get_store
 from common.process import PerProcess
 
 SEPARATOR = '|'
@@ -20,6 +27,7 @@ class Pending:
 
     def __init__(self):
         self.counts = Counter()  # field -> increments
+        self.minutes = Counter()  # (minute, decision) -> increments
         self.lock = threading.Lock()
         self.flush_queued = False
 
@@ -27,20 +35,23 @@ class Pending:
 _pending = PerProcess(Pending)
 
 
-def increment(*fields):
-    """Add 1 to each field (a tuple of labels), without making the caller wait for Redis.
+def increment(*fields, minutes=()):
+    """Add 1 to each field (a tuple of labels), and to each `(minute, decision)` of `minutes` (whole minutes
+    since the epoch), without making the caller wait for Redis.
 
     Increments gather in this process and one job at a time takes them to Redis on the lane store's Redis
     thread (LaneStore.add_counts_later), so counters never hold more than one of its few queue places (the
     calls' own operations need them). A counter never costs a call anything: when they can't be sent (the
     skip window, a busy thread, an error) they are dropped.
     """
-    if not fields:
+    if not fields and not minutes:
         return
     pending = _pending.get()
     with pending.lock:
         for labels in fields:
             pending.counts[SEPARATOR.join(str(label) for label in labels)] += 1
+        for minute, decision in minutes:
+            pending.minutes[(int(minute), str(decision))] += 1
         if pending.flush_queued:
             return
         pending.flush_queued = True
@@ -49,12 +60,14 @@ def increment(*fields):
 
 
 def _take(pending):
-    """The gathered increments, now gone from `pending` (on the Redis thread, or when dropped)."""
+    """The gathered increments, `({field: n}, {(minute, decision): n})`, now gone from `pending` (on the Redis
+    thread, or when dropped)."""
     with pending.lock:
-        counts = dict(pending.counts)
+        counts, minutes = dict(pending.counts), dict(pending.minutes)
         pending.counts.clear()
+        pending.minutes.clear()
         pending.flush_queued = False
-    return counts
+    return counts, minutes
 
 
 def read():
@@ -70,7 +83,19 @@ def record_decision(admission, queue):
     tier = admission.tier or 'unknown'
     fields = [('decision', queue, tier, admission.decision)]
     fields += [('full', lane, tier, admission.decision) for lane in admission.full]
-    increment(*fields)
+    increment(*fields, minutes=[(time.time() // 60, admission.decision)])
+
+
+def decisions_per_minute(minutes=SERIES_MINUTES, now=None):
+    """The last `minutes` whole minutes (1 to SERIES_MINUTES), oldest first, this one last:
+    `[{"minute": <epoch seconds of its start>, "decisions": {decision: count}}]`, a minute without calls
+    having no decisions; Unknown (capacity.store) when Redis can't say. One round trip."""
+    current = int((time.time() if now is None else now) // 60)
+    wanted = range(current - min(max(int(minutes), 1), SERIES_MINUTES) + 1, current + 1)
+    counts = get_store().decision_counts(list(wanted))
+    if isinstance(counts, Unknown):
+        return counts
+    return [{'minute': minute * 60, 'decisions': decisions} for minute, decisions in zip(wanted, counts)]
 
 
 def record_served(queue, served_as):

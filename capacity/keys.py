@@ -53,6 +53,12 @@ def counters_key():
     return lane_key(STATS_LANE, 'counters')
 
 
+def decisions_minute_key(minute):
+    """The hash of one minute's decisions (capacity.counters: `decision -> count`), `minute` being whole
+    minutes since the epoch; it expires an hour after its minute (counters.SERIES_MINUTES)."""
+    return lane_key(STATS_LANE, 'decisions', minute)
+
+
 def expired_key():
     """The plain counter of leases that expired without a release (acquire adds the leases it prunes)."""
     return lane_key(STATS_LANE, 'expired')

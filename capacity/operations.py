@@ -24,7 +24,10 @@ from dataclasses import dataclass, field
 import redis
 from django.conf import settings
 
-from capacity.keys import counters_key, expired_key, hold_field, holds_key, lane_pattern, run_field
+from capacity.constants import DECISION_SERIES_MINUTES
+from capacity.keys import (
+    counters_key, decisions_minute_key, expired_key, hold_field, holds_key, lane_pattern, run_field,
+)
 
 SCRIPTS = ('acquire', 'renew', 'release', 'count', 'unclaim')  # capacity/lua/<name>.lua, one operation each
 SCAN_COUNT = 100
@@ -266,14 +269,30 @@ class Operations:
         """{field: count} of the event counters hash (capacity.counters)."""
         return {text(name): int(value) for name, value in self._command('hgetall', counters_key()).items()}
 
-    def add_counts(self, counts):
-        """Add each {field: n} to the event counters hash in one pipeline (run on the Redis thread by
-        capacity.counters: it waits for nobody)."""
+    def add_counts(self, counts, minutes=None):
+        """Add each {field: n} to the event counters hash, and each {(minute, decision): n} of `minutes` to
+        that minute's hash, which expires DECISION_SERIES_MINUTES after its minute; one pipeline (run on the
+        Redis thread by capacity.counters: it waits for nobody)."""
         pipe = self.runner.client.pipeline(transaction=False)
         key = counters_key()
         for name, count in counts.items():
             pipe.hincrby(key, name, count)
+        for (minute, decision), count in (minutes or {}).items():
+            minute_key = decisions_minute_key(minute)
+            pipe.hincrby(minute_key, decision, count)
+            # Gone an hour after its minute, whenever this ran (EXPIREAT is absolute).
+            pipe.expireat(minute_key, (int(minute) + DECISION_SERIES_MINUTES + 1) * 60)
         pipe.execute()
+
+    def decision_counts(self, minutes):
+        """{decision: count} of each of `minutes` (whole minutes since the epoch), in order, in one round
+        trip; {} for a minute without decisions (or gone)."""
+        def read(client):
+            pipe = client.pipeline(transaction=False)
+            for minute in minutes:
+                pipe.hgetall(decisions_minute_key(minute))
+            return [{text(name): int(value) for name, value in raw.items()} for raw in pipe.execute()]
+        return self.runner.operate(read)
 
     def ping(self):
         return bool(self._command('ping'))

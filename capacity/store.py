@@ -31,6 +31,7 @@ that didn't reach Redis are released again once Redis answers (capacity.releases
 | `expired_total` | leases that expired unreleased | one command | int |
 | `counters` | the event counters hash | one command | dict |
 | `add_counts_later` | increments, sent from the Redis thread | one pipeline | True when queued |
+| `decision_counts` | decisions per minute, for the minutes asked (capacity.counters) | one pipeline | [dict] |
 | `probe` | PING, even in the skip window; an answer closes it | one command | True |
 
 Which operation runs where, within the deadline, is capacity.runner's; the operations themselves are
@@ -230,15 +231,21 @@ class LaneStore:
 
     @verb('counters')
     def add_counts_later(self, take):
-        """Queue one job on the Redis thread that adds what `take()` returns when it runs ({field: n}) to the
-        event counters; True when queued. Never waits: a call's counters never cost it anything."""
+        """Queue one job on the Redis thread that adds what `take()` returns when it runs (`({field: n},
+        {(minute, decision): n})`) to the event counters and the decisions per minute; True when queued.
+        Never waits: a call's counters never cost it anything."""
         self.runner.thread.submit(self._add_counts, take)
         return True
 
     def _add_counts(self, take):
-        counts = take()
-        if counts:
-            self.ops.add_counts(counts)
+        counts, minutes = take()
+        if counts or minutes:
+            self.ops.add_counts(counts, minutes)
+
+    @verb('counters read')
+    def decision_counts(self, minutes):
+        """{decision: count} of each of `minutes` (whole minutes since the epoch), in order."""
+        return self.ops.decision_counts(minutes)
 
     def probe(self):
         """PING within the deadline, whatever the skip window says: True when Redis answered (which closes

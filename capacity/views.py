@@ -1,16 +1,33 @@
-"""Staff endpoints for the capacity config. The work is in capacity.config; these only translate HTTP."""
+"""Staff endpoints for the capacity config. The work is in capacity.config; these only translate HTTP.
+
+They take the API's token and, for the staff lanes page (capacity.dashboard), Django's session login (the
+admin's login page), whose writes DRF's SessionAuthentication makes carry a CSRF token. The token comes
+first, so an anonymous request is answered 401 with `WWW-Authenticate: Token`, as everywhere in the API.
+"""
 from django.core.exceptions import ValidationError
+from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework.authentication import SessionAuthentication
 from rest_framework.parsers import JSONParser
 from rest_framework.permissions import IsAdminUser
+from rest_framework.renderers import JSONRenderer, TemplateHTMLRenderer
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
 from capacity.config import get_current, get_defaults, get_history, save_config, version_data
 from capacity.constants import SOURCE_API
 
 DEFAULT_HISTORY_LIMIT = 50
+STAFF_AUTHENTICATION = (*api_settings.DEFAULT_AUTHENTICATION_CLASSES, SessionAuthentication)
+
+
+class StaffView(APIView):
+    """A staff-only endpoint (IsAdminUser: 401 anonymous, 403 non-staff), by token or session."""
+
+    authentication_classes = STAFF_AUTHENTICATION
+    permission_classes = (IsAdminUser,)
 
 
 def to_int(value, default):
@@ -21,10 +38,9 @@ def to_int(value, default):
         return default
 
 
-class CapacityConfigView(APIView):
+class CapacityConfigView(StaffView):
     """GET the config in force and the defaults; PATCH merges a change into it; PUT replaces it."""
 
-    permission_classes = (IsAdminUser,)
     parser_classes = (JSONParser,)  # a form body can't express numbers or nested settings
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
@@ -56,10 +72,8 @@ class CapacityConfigView(APIView):
         return Response({**version_data(row), 'config': config.to_json(), 'changes': changed})
 
 
-class CapacityConfigHistoryView(APIView):
+class CapacityConfigHistoryView(StaffView):
     """GET the newest versions first (`?limit=N`, default 50, at most 500), each with its changes."""
-
-    permission_classes = (IsAdminUser,)
 
     @extend_schema(parameters=[OpenApiParameter('limit', OpenApiTypes.INT, description='1 to 500, default 50')],
                    responses={200: OpenApiTypes.OBJECT})
@@ -67,12 +81,54 @@ class CapacityConfigHistoryView(APIView):
         return Response(get_history(to_int(request.query_params.get('limit'), DEFAULT_HISTORY_LIMIT)))
 
 
-class CapacityStatusView(APIView):
+class CapacityStatusView(StaffView):
     """GET: lanes with in-flight leases and limits, queues with depth, age and pools, Redis health."""
-
-    permission_classes = (IsAdminUser,)
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def get(self, request):
         from capacity.status import get_status  # reads Redis; only this view needs it
         return Response(get_status(get_current()[1]))
+
+
+class CapacityDecisionsView(StaffView):
+    """GET the gated calls' decisions per minute over the last hour (`?minutes=N`, 1 to 60, default 60),
+    oldest minute first: `{"redis": "ok", "series": [{"minute": <epoch s>, "decisions": {decision: n}}]}`;
+    a Redis that doesn't answer gives `redis: '<error>'` and no series, as the status does."""
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT}, parameters=[
+        OpenApiParameter('minutes', OpenApiTypes.INT, description='1 to 60, default 60')])
+    def get(self, request):
+        from capacity import counters  # reads Redis; only this view needs it
+        from capacity.store import Unknown
+        minutes = to_int(request.query_params.get('minutes'), counters.SERIES_MINUTES)
+        series = counters.decisions_per_minute(minutes)
+        if isinstance(series, Unknown):  # like the status: report a broken Redis, don't fail
+            return Response({'redis': series.error, 'series': []})
+        return Response({'redis': 'ok', 'series': series})
+
+
+class DashboardRenderer(TemplateHTMLRenderer):
+    """The lanes page; a refusal (401, 403) is a short page that says why and links to the login."""
+
+    template_name = 'capacity/dashboard.html'
+    exception_template_names = ('capacity/refused.html',)
+
+
+class CapacityDashboardView(StaffView):
+    """GET /capacity/dashboard/: the staff lanes page (HTML). It draws what the endpoints above answer,
+    refreshed every REFRESH_SECONDS by its script (capacity/static/capacity/dashboard.js), and changes
+    the config through PATCH /capacity/config/ like any staff client. Asked for JSON, it answers what
+    the page is given: the URLs it reads and its refresh interval."""
+
+    renderer_classes = (DashboardRenderer, JSONRenderer)
+    REFRESH_SECONDS = 3
+
+    @extend_schema(exclude=True)  # a page for people, not part of the HTTP contract
+    def get(self, request):
+        return Response({
+            'user': request.user.get_username(),
+            'refresh_seconds': self.REFRESH_SECONDS,
+            'urls': {'status': reverse('capacity-status'), 'config': reverse('capacity-config'),
+                     'history': reverse('capacity-config-history'),
+                     'decisions': reverse('capacity-decisions')},
+        })
