@@ -191,9 +191,9 @@ REDIS_SENTINELS_LIST = [
 ]
 REDIS_SENTINELS_MASTER = os.environ.get('REDIS_SENTINELS_MASTER', 'mymaster')
 
-# The cache holds DRF's rate-limit history; it must be shared by every API process, so it lives in Redis
-# (on the one client factory, common.connections: its timeouts are the `cache` role's; Sentinel is followed
-# for the main Redis).
+# Django's cache, shared by every API process, so in Redis (on the one client factory, common.connections:
+# its timeouts are the `cache` role's; Sentinel is followed for the main Redis). The rate limit doesn't use it
+# (api.throttles counts in the lane store).
 CACHES = {'default': {
     'BACKEND': 'api.cache.RedisCache',
     'LOCATION': os.environ.get('CACHE_REDIS_URL') or REDIS_URL,
