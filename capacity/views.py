@@ -2,9 +2,9 @@
 from django.core.exceptions import ValidationError
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework.parsers import JSONParser
 from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
 from capacity.config import get_current, get_defaults, get_history, save_config, version_data
@@ -25,7 +25,10 @@ class CapacityConfigView(APIView):
     """GET the config in force and the defaults; PATCH merges a change into it; PUT replaces it."""
 
     permission_classes = (IsAdminUser,)
-    parser_classes = (JSONParser,)  # a form body can't express numbers or nested settings
+    # The project's JSON parser (REST_FRAMEWORK's, api.parsers: it refuses what the database can't store, such
+    # as a NUL in the note) and no other: a form body can't express numbers or nested settings.
+    parser_classes = tuple(parser for parser in api_settings.DEFAULT_PARSER_CLASSES
+                           if parser.media_type == 'application/json')
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def get(self, request):
