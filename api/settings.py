@@ -77,6 +77,10 @@ MIDDLEWARE = [
 # Bodies larger than this get 413 before anything parses them (1000 rows of 1000 characters fit).
 MAX_REQUEST_BYTES = env_int('MAX_REQUEST_BYTES', 2 * 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
+# And answers: a body whose answer could hold more candidates (rows x limit) or bytes than these is a 400 before
+# it is admitted (concepts.bounds, docs/api.md "Answer bounds").
+MAX_MATCH_CANDIDATES = env_int('MAX_MATCH_CANDIDATES', 10_000)
+MAX_ANSWER_BYTES = env_int('MAX_ANSWER_BYTES', 32 * 1024 * 1024)
 
 ROOT_URLCONF = 'api.urls'
 WSGI_APPLICATION = 'api.wsgi.application'
