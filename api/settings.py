@@ -40,7 +40,9 @@ def env_list(name, default=''):
 
 
 PRODUCTION = env_bool('HEAVY_LANES_PRODUCTION')
-DEBUG = env_bool('DEBUG', default=not PRODUCTION)
+# Off unless asked for, also under `make run`: errors are the API's JSON (api.errors), never Django's debug pages
+# (a 249 KB HTML page with the settings and the stack, to any client).
+DEBUG = env_bool('DEBUG')
 SECRET_KEY = os.environ.get('SECRET_KEY') or ('' if PRODUCTION else 'dev-only-not-secret-heavy-lanes')
 ALLOWED_HOSTS = env_list('ALLOWED_HOSTS', '' if PRODUCTION else '*')
 
