@@ -206,3 +206,11 @@ def test_metadata_a_database_cant_store_is_ignored_as_documented(
     kept = {name: record.get(name) for name in ('algorithm_id', 'automatch_run_id')}
     assert kept == {'algorithm_id': None, 'automatch_run_id': 'run-1'} or kept == {
         'algorithm_id': 'x', 'automatch_run_id': None}
+
+
+def test_a_long_prefer_header_keeps_its_respond_async(make_user, api_as, tiny_source, lanes_redis, broker, configure):
+    configure(wait={'default_seconds': 30, 'max_seconds': 30})  # no worker runs: a waiting call would wait 30 s
+    padding = ', '.join(f'x-preference-{i}=value-{i}' for i in range(100))
+    response = post(api_as(make_user()), {'rows': [{'name': 'fever'}], 'target_repo_url': tiny_source},
+                    HTTP_PREFER=f'{padding}, respond-async')
+    assert response.status_code == 202 and response['Preference-Applied'] == 'respond-async'
