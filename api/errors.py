@@ -1,10 +1,13 @@
 """The API's error bodies: every error carries `detail` and an `error_code` clients can switch on.
 
 DRF's exception handler does the work; this adds `error_code` (and `retry_after` for a rate limit) so a
-rate-limit 429 (`rate_limited`) can be told from a capacity 429 (`capacity_exceeded`).
+rate-limit 429 (`rate_limited`) can be told from a capacity 429 (`capacity_exceeded`). What Django answers
+itself (a path no view serves, a bad Host header, an exception no view handled) has the same shape through
+the handlers api/urls.py names; Django uses them with DEBUG off, which is the default (api/settings.py).
 """
 import logging
 
+from django.http import JsonResponse
 from rest_framework import exceptions
 from rest_framework.views import exception_handler
 
@@ -73,3 +76,25 @@ def handle(exc, context):
         response['Retry-After'] = str(SERVICE_RETRY_SECONDS)
     response.data = data
     return response
+
+
+def _django_error(status, detail, code):
+    return JsonResponse({'detail': detail, 'error_code': code}, status=status)
+
+
+def bad_request(request, exception=None):
+    return _django_error(400, 'Bad request.', 'bad_request')
+
+
+def permission_denied(request, exception=None):
+    return _django_error(403, 'You do not have permission to perform this action.', 'permission_denied')
+
+
+def not_found(request, exception=None):
+    return _django_error(404, 'Not found.', 'not_found')
+
+
+def server_error(request):
+    # Django has logged the exception (logger django.request, with the request id) before calling this.
+    return _django_error(500, 'A server error occurred; it was logged with this request\'s X-Request-Id.',
+                         'server_error')

@@ -6,10 +6,13 @@ beside it (the RFC's own example, section 4.1) the request waits up to N seconds
 the call ended by then, else the handle: a client that would poll gets a quick call's answer in one
 request. Preferences the server doesn't know are ignored, as the RFC asks; a malformed `wait` is ignored
 too (the default applies).
+
+The header is read whole, however long (the server bounds header sizes): an earlier cut at 1000 characters
+lost a `respond-async` sent after longer preferences, and the call waited in the request. Preferences are
+split with the standard library's RFC 2068 list parser, so a comma inside a quoted value doesn't end one.
 """
 from dataclasses import dataclass
-
-MAX_HEADER_CHARS = 1000
+from urllib.request import parse_http_list
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,7 @@ class Preferences:
 def parse(header):
     """Preferences of one or more comma-joined Prefer values; never raises."""
     respond_async, wait = False, None
-    for preference in (header or '')[:MAX_HEADER_CHARS].split(','):
+    for preference in parse_http_list(header or ''):
         token = preference.split(';', 1)[0].strip().lower()  # parameters after ';' are for others
         if token == 'respond-async':
             respond_async = True

@@ -40,7 +40,9 @@ def env_list(name, default=''):
 
 
 PRODUCTION = env_bool('HEAVY_LANES_PRODUCTION')
-DEBUG = env_bool('DEBUG', default=not PRODUCTION)
+# Off unless asked for, also under `make run`: errors are the API's JSON (api.errors), never Django's debug pages
+# (a 249 KB HTML page with the settings and the stack, to any client).
+DEBUG = env_bool('DEBUG')
 SECRET_KEY = os.environ.get('SECRET_KEY') or ('' if PRODUCTION else 'dev-only-not-secret-heavy-lanes')
 ALLOWED_HOSTS = env_list('ALLOWED_HOSTS', '' if PRODUCTION else '*')
 
@@ -78,6 +80,10 @@ MIDDLEWARE = [
 # Bodies larger than this get 413 before anything parses them (1000 rows of 1000 characters fit).
 MAX_REQUEST_BYTES = env_int('MAX_REQUEST_BYTES', 2 * 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
+# And answers: a body whose answer could hold more candidates (rows x limit) or bytes than these is a 400 before
+# it is admitted (concepts.bounds, docs/api.md "Answer bounds").
+MAX_MATCH_CANDIDATES = env_int('MAX_MATCH_CANDIDATES', 10_000)
+MAX_ANSWER_BYTES = env_int('MAX_ANSWER_BYTES', 32 * 1024 * 1024)
 
 ROOT_URLCONF = 'api.urls'
 WSGI_APPLICATION = 'api.wsgi.application'
@@ -201,9 +207,9 @@ REDIS_SENTINELS_LIST = [
 ]
 REDIS_SENTINELS_MASTER = os.environ.get('REDIS_SENTINELS_MASTER', 'mymaster')
 
-# The cache holds DRF's rate-limit history; it must be shared by every API process, so it lives in Redis
-# (on the one client factory, common.connections: its timeouts are the `cache` role's; Sentinel is followed
-# for the main Redis).
+# Django's cache, shared by every API process, so in Redis (on the one client factory, common.connections:
+# its timeouts are the `cache` role's; Sentinel is followed for the main Redis). The rate limit doesn't use it
+# (api.throttles counts in the lane store).
 CACHES = {'default': {
     'BACKEND': 'api.cache.RedisCache',
     'LOCATION': os.environ.get('CACHE_REDIS_URL') or REDIS_URL,

@@ -30,3 +30,9 @@ urlpatterns += staticfiles_urlpatterns()
 
 # Benchmark floors (api/bench_views.py): only with HEAVY_LANES_BENCH_VIEWS, which production never has.
 urlpatterns += [path('bench/', include('api.bench_views'))] if settings.HEAVY_LANES_BENCH_VIEWS else []
+
+# What Django answers without a view (DEBUG off), in the API's JSON shape (api.errors).
+handler400 = 'api.errors.bad_request'
+handler403 = 'api.errors.permission_denied'
+handler404 = 'api.errors.not_found'
+handler500 = 'api.errors.server_error'

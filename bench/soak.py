@@ -80,7 +80,9 @@ STALLS = ((0.17, 0.5, ('lanes', 'broker')), (0.30, 2.0, ('broker',)), (0.46, 5.0
 BULK_QUEUES = tuple(queue.name for queue in QUEUES if not queue.single_row)  # a node kill prefers these
 SETTINGS = {'CAPACITY_REDIS_DEADLINE_SECONDS': DEADLINE_SECONDS, 'CAPACITY_REDIS_RETRY_SECONDS': RETRY_SECONDS,
             'CELERY_VISIBILITY_TIMEOUT': VISIBILITY_SECONDS, 'WORKERS_SWEEP_SECONDS': SWEEP_SECONDS,
-            'WORKERS_SWEEP_GRACE_SECONDS': SWEEP_GRACE_SECONDS}
+            'WORKERS_SWEEP_GRACE_SECONDS': SWEEP_GRACE_SECONDS,
+            # probe_pools sends long calls on purpose (1000 rows x limit 100): above the default answer bounds
+            'MAX_MATCH_CANDIDATES': 100_000, 'MAX_ANSWER_BYTES': 512 * 1024 * 1024}
 
 
 def start_broker():

@@ -22,7 +22,8 @@ Settings are production-like where they matter for speed: DEBUG off, persistent 
 (DATABASE_CONN_MAX_AGE=60, as docker-compose sets). Two are changed for the benchmarks and stated in
 docs/benchmarks.md: the capacity config cache and the pool reconciler refresh every second (so a
 benchmark's config change applies within 1.5 s), and the heavy rate limit is `HEAVY_RATE_LIMIT` (default
-here 100000/s: never throttles, while DRF's per-user history stays about as long as production's 600/min).
+here 100000/s: never throttles, while the per-user window (api.throttles) stays about as long as production's
+600/min).
 HEAVY_LANES_BENCH_VIEWS=true adds the floor views of api/bench_views.py under /bench/.
 
 Warm results are off (`cache.ttl_seconds: 0`, in the config saved before anything starts) unless the

@@ -4,7 +4,7 @@
 (capacity_aware, algorithm_id, automatch_run_id), `X-Amzn-Trace-Id` (queue_ms), `X-OCL-Request-Source`
 and the request id — with total functions: whatever a client sends, they return a value and never raise,
 so nothing a client sends can reach the gate's fail-open path. Malformed, oversized or deeply nested
-values read as absent.
+values read as absent, and so do values a database can't store (NUL, unpaired surrogates).
 """
 import json
 import math
@@ -102,12 +102,20 @@ def get_queue_ms(trace_id, now=None):
 def truncate(value, length):
     """A header or metadata value as a string of at most `length` characters, or None when empty.
 
-    Only scalars are kept: a nested object or list in the metadata is not an id, and reads as absent.
+    Only scalars are kept: a nested object or list in the metadata is not an id, and reads as absent. So
+    does text a database can't store (a NUL, an unpaired surrogate: JSON escapes can make either), which
+    would otherwise fail the call's row when it is written.
     """
     if value is None or isinstance(value, (dict, list)):
         return None
     text = str(value)[:length]
-    return text or None
+    if not text or '\x00' in text:
+        return None
+    try:
+        text.encode('utf-8')
+    except UnicodeEncodeError:
+        return None
+    return text
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,15 @@ def hold_field(key):
     return field
 
 
+RATE_LANE = 'rate'
+
+
+def rate_key(scope, ident):
+    """The sliding window of one caller's requests under the rate limit `scope` (capacity/lua/rate.lua), e.g.
+    rate_key('heavy', 42) == '{ocl:capacity}:rate:heavy:42'. Not a lease lane: a sorted set of requests."""
+    return lane_key(RATE_LANE, scope, ident)
+
+
 def run_field(queue):
     """The field of `holds_key()` that measures how long the calls of `queue` run."""
     return f'run:{queue}'

@@ -29,7 +29,7 @@ from capacity.keys import (
     counters_key, decisions_minute_key, expired_key, hold_field, holds_key, lane_pattern, run_field,
 )
 
-SCRIPTS = ('acquire', 'renew', 'release', 'count', 'unclaim')  # capacity/lua/<name>.lua, one operation each
+SCRIPTS = ('acquire', 'renew', 'release', 'count', 'unclaim', 'rate')  # capacity/lua/<name>.lua, one each
 SCAN_COUNT = 100
 NOT_AFTER_SLACK_SECONDS = 2  # room for the clocks of this host and Redis to differ
 LATE_ACQUIRE = 'Redis ran the acquire after its caller stopped waiting; no lease was taken'
@@ -85,6 +85,17 @@ class Ended:
     removed: object = None
     published: object = None
     unclaimed: object = None
+
+
+@dataclass(frozen=True)
+class Counted:
+    """What counting one request in a rate window did (Operations.count_request): whether it was admitted,
+    the requests now in the window (this one included when admitted), and the ms until the oldest of them
+    leaves it."""
+
+    admitted: bool
+    in_window: int
+    reset_ms: int
 
 
 class Operations:
@@ -225,6 +236,26 @@ class Operations:
             keys = self.runner.client.scan_iter(match=lane_pattern(lane), count=SCAN_COUNT)
             return sorted({text(key) for key in keys})
         return self.runner.call(scan)
+
+    def count_request(self, key, token, limit, window_ms):
+        """Count the request `token` in the sliding window `key` (rate.lua) if fewer than `limit` were counted
+        in its last `window_ms` ms by Redis's clock; a Counted. One script: concurrent requests never share a
+        place, and a refusal writes nothing.
+
+        On the caller's thread over the runner's client (its pool, its socket timeouts: at most the deadline),
+        not through `operate`: every request of the API takes this path, and a burst of 32 requests into a
+        process with no idle connection queued their connects on the one Redis thread past the deadline (14
+        of the first 64 of tests/integration/faults/test_rate_limit_concurrency.py failed open that way). A
+        connect here is bounded by the connect timeout, not the deadline (docs/architecture.md).
+        """
+        try:
+            limit, window_ms = int(limit), int(window_ms)
+        except (TypeError, ValueError):
+            raise BadCall(f'count_request needs whole numbers, not {limit!r} and {window_ms!r}') from None
+        if limit < 0 or window_ms <= 0:
+            raise BadCall(f'count_request needs limit >= 0 and window_ms > 0, not {limit} and {window_ms}')
+        answer = self.run_script(self.runner.client, 'rate', [key], [token, limit, window_ms])
+        return Counted(bool(int(answer[0])), int(answer[1]), int(answer[2]))
 
     # --- claims (a string key naming who does a piece of work for everyone)
 

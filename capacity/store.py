@@ -22,6 +22,7 @@ that didn't reach Redis are released again once Redis answers (capacity.releases
 | `release` | a token's leases; measures holds and run time | one script | leases removed |
 | `release_and_end` | `release`, a completion notice, a work's claim given up | one pipeline | `Ended` |
 | `count` | unexpired leases per lane | one script | [int] |
+| `count_request` | a request in its rate window if under `limit` in `window_ms` ms | one script | `Counted` |
 | `counted` | whether any lane still counts a token (by Redis's clock) | one pipeline | bool |
 | `find_keys` | every key of a lane with parts | SCAN | [str] |
 | `claim` | a string key naming who does a work for everyone, for ms | SET NX PX | taken (bool) |
@@ -183,6 +184,15 @@ class LaneStore:
     def find_keys(self, lane):
         """Every key of a lane that has parts (e.g. each host's api_heavy_task key), sorted."""
         return self.ops.find_keys(lane)
+
+    # --- the rate limit (api.throttles)
+
+    @verb('rate limit')
+    def count_request(self, key, token, limit, window_ms):
+        """Count the request `token` in the sliding window `key` if fewer than `limit` (requests) were counted
+        in its last `window_ms` (ms, by Redis's clock), in one script: a Counted (admitted, requests in the
+        window, ms until the oldest leaves it). Skipped or failed: Unknown; the caller admits uncounted."""
+        return self.ops.count_request(key, token, limit, window_ms)
 
     # --- claims: one request does a piece of work for everyone (shared work, Idempotency-Keys)
 

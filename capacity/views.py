@@ -9,7 +9,6 @@ from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.authentication import SessionAuthentication
-from rest_framework.parsers import JSONParser
 from rest_framework.permissions import IsAdminUser
 from rest_framework.renderers import JSONRenderer, TemplateHTMLRenderer
 from rest_framework.response import Response
@@ -41,7 +40,10 @@ def to_int(value, default):
 class CapacityConfigView(StaffView):
     """GET the config in force and the defaults; PATCH merges a change into it; PUT replaces it."""
 
-    parser_classes = (JSONParser,)  # a form body can't express numbers or nested settings
+    # The project's JSON parser (REST_FRAMEWORK's, api.parsers: it refuses what the database can't store, such
+    # as a NUL in the note) and no other: a form body can't express numbers or nested settings.
+    parser_classes = tuple(parser for parser in api_settings.DEFAULT_PARSER_CLASSES
+                           if parser.media_type == 'application/json')
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def get(self, request):

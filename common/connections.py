@@ -44,7 +44,7 @@ def lanes_timeouts():
 ROLES = {
     'lanes': lanes_timeouts,                 # lease lanes, counters, idempotency and work claims
     'notices': lambda: Timeouts(1.0, 1.0),   # completion notices (pub/sub) for waiting requests
-    'cache': lambda: Timeouts(1.0, 1.0),     # Django's cache: the rate limit's history
+    'cache': lambda: Timeouts(1.0, 1.0),     # Django's cache (api.cache)
     'status': lambda: Timeouts(2.0, 2.0),    # status and metrics reads, queue depth on the broker
     'broker': lambda: Timeouts(2.0, 2.0),    # the sweep's and cancel's look into the broker's lists
     'pools': lambda: Timeouts(5.0, 2.0),     # the pool reconciler's heartbeats and pool registry

@@ -51,6 +51,11 @@ def highlight(query, text):
     return marked if found else None
 
 
+def fully_highlighted(text):
+    """`text` with every word in it wrapped in <em>: the longest highlight it can get (concepts.bounds)."""
+    return _WORD.sub(lambda word: f'<em>{word.group(0)}</em>', text)
+
+
 def match_type(normalized, limit):
     if limit <= 1:
         return 'very_high'

@@ -8,13 +8,15 @@ Plain functions of JSON-ready values; nothing here knows about lanes, capacity o
     ``{"body": {"rows", "target_repo_url": <canonical url>, "map_config", "filter"}, "params": {"limit",
     "start", "best_match", "verbose"}}``. ``target_repo`` (``owner``, ``source``, ``source_version``) may
     stand in for ``target_repo_url``, as in OCL. Raises `rest_framework.exceptions.ValidationError` whose
-    detail names each bad field (``rows``, ``target_repo_url``, ``limit``, ...). Needs the database (the
-    source must be loaded). Idempotent: a payload validates to itself (`validate_payload`), so it can be
-    stored, queued as JSON, and validated again by the worker.
+    detail names each bad field (``rows``, ``target_repo_url``, ``limit``, ...), also when the answer could
+    pass a bound (concepts.bounds: candidates, bytes). Needs the database (the source must be loaded).
+    Idempotent: a payload validates to itself (`validate_payload`), so it can be stored, queued as JSON, and
+    validated again by the worker (which doesn't check the bounds again: the call was admitted under them).
 
 ``validate_rerank_body(data) -> dict``
     Check a `$rerank` body: ``{"q": str, "rows": [object, ...], "name_key", "score_key"}`` (OCL's defaults
-    ``display_name`` and ``search_rerank_score``). No database.
+    ``display_name`` and ``search_rerank_score``), whose answer must fit MAX_ANSWER_BYTES (concepts.bounds).
+    No database.
 
 ``run_match(payload, semantic: bool, reranker: bool) -> list``
     Validate, then match each row's ``name`` against the source: OCL's answer, one entry per input row in
@@ -40,7 +42,7 @@ import time
 from django.conf import settings
 from rest_framework.exceptions import ValidationError
 
-from concepts import ocl
+from concepts import bounds, ocl
 from concepts.matching import store
 from concepts.matching.embedders import DEFAULT_EMBEDDER
 from concepts.matching.pipeline import match
@@ -116,7 +118,7 @@ def source_version(url):
     return f'{source.org}/{source.mnemonic}@{source.version}#{source.checksum}' if source is not None else None
 
 
-_known_sources = {}  # url as sent -> (monotonic expiry, canonical url): sources the API found recently
+_known_sources = {}  # url as sent -> (monotonic expiry, canonical url, its CandidateSizes): sources found recently
 
 
 def _whole(value, name, low, high, errors):
@@ -166,13 +168,17 @@ def validate_match(data, query=None):
     params = parse_match_params(query, data.get('limit') if isinstance(data, dict) else None)
     url = _target_url(data) if isinstance(data, dict) else None
     now = time.monotonic()
-    expires, canonical = _known_sources.get(url, (0, None)) if isinstance(url, str) else (0, None)
+    known = _known_sources.get(url) if isinstance(url, str) else None
+    expires, canonical, sizes = known or (0, None, None)
     if expires > now:
-        return {'body': _clean_match_body(data, known_url=canonical)[0], 'params': params}
-    body, source = _clean_match_body(data)
-    if len(_known_sources) > 1000:
-        _known_sources.clear()
-    _known_sources[url] = (now + settings.CONCEPTS_SOURCE_CACHE_SECONDS, source.url)
+        body = _clean_match_body(data, known_url=canonical)[0]
+    else:
+        body, source = _clean_match_body(data)
+        sizes = bounds.candidate_sizes(source)
+        if len(_known_sources) > 1000:
+            _known_sources.clear()
+        _known_sources[url] = (now + settings.CONCEPTS_SOURCE_CACHE_SECONDS, source.url, sizes)
+    bounds.check_match(body, params, sizes)
     return {'body': body, 'params': params}
 
 
@@ -258,7 +264,9 @@ def validate_rerank_body(data):
         errors['encoder_model'] = [f'Only the reranker {reranker_name()!r} is available here.']
     if errors:
         raise ValidationError(errors)
-    return {'q': q, 'rows': data['rows'], **keys}
+    body = {'q': q, 'rows': data['rows'], **keys}
+    bounds.check_rerank(body)
+    return body
 
 
 # --- running ----------------------------------------------------------------------------------------------

@@ -21,6 +21,11 @@ os.environ.setdefault('HEAVY_LANES_VAR_DIR', tempfile.mkdtemp(prefix='heavy-lane
 os.environ.setdefault('REDIS_URL', os.environ.get('HEAVY_LANES_TEST_REDIS_URL', 'redis://127.0.0.1:6379/13'))
 os.environ.setdefault('CELERY_BROKER_URL', os.environ.get('HEAVY_LANES_TEST_BROKER_URL', 'redis://127.0.0.1:6379/14'))
 
+# The tests that need a call to last (tests/integration/workers/test_queue.py LONG_ROWS: 1000 rows x limit 100,
+# 40,000 candidates of the tiny source) ask for more than the default answer bound of 10,000 candidates; the
+# bound's own tests set theirs (tests/integration/api/test_bounds.py).
+os.environ.setdefault('MAX_MATCH_CANDIDATES', '40000')
+
 # Every test run (and the workers it starts) puts its broker keys under a prefix of its own, so two runs on
 # one machine (a developer's and CI's) never take each other's messages.
 os.environ.setdefault('HEAVY_LANES_TEST_RUN_ID', os.urandom(4).hex())

@@ -152,3 +152,65 @@ def test_a_chunked_body_reaches_the_view():
     ChunkedBody(app, limit=4)({'wsgi.input_terminated': True, 'HTTP_TRANSFER_ENCODING': 'chunked',
                                'wsgi.input': io.BytesIO(b'0123456789')}, None)
     assert seen['length'] == '5'  # one byte over the limit: the size limit answers 413
+
+
+SOURCE = '"target_repo_url": "/orgs/HL/sources/TinyClinical/"'
+
+
+@pytest.mark.parametrize('path, text, field', [
+    # A number out of float range, in a value of every endpoint's body
+    ('/concepts/$match/?semantic=true', '{"rows": [{"name": "fever", "x": 1e400}], ' + SOURCE + '}', 'rows[0].x'),
+    ('/concepts/$match/?reranker=true', '{"rows": [{"name": "a"}, {"name": "b", "n": [1, -1e400]}], ' + SOURCE
+     + '}', 'rows[1].n[1]'),
+    ('/concepts/$match/', '{"rows": [{"name": "fever"}], "map_config": [{"w": 1E+999}], ' + SOURCE + '}',
+     'map_config[0].w'),
+    ('/concepts/$rerank/', '{"q": "fever", "rows": [{"display_name": "a", "search_meta": {"s": 1e400}}]}',
+     'rows[0].search_meta.s'),
+    # NUL, which PostgreSQL stores neither as text nor in jsonb
+    ('/concepts/$match/?semantic=true', '{"rows": [{"name": "fe\\u0000ver"}], ' + SOURCE + '}', 'rows[0].name'),
+    ('/concepts/$match/', '{"rows": [{"name": "fever"}], ' + SOURCE + ', "filter": {"a": "\\u0000"}}',
+     'filter.a'),
+    ('/concepts/$match/?semantic=true', '{"rows": [{"name": "fever", "k\\u0000": 1}], ' + SOURCE + '}', 'rows[0]'),
+    ('/concepts/$rerank/', '{"q": "chest\\u0000pain", "rows": [{"display_name": "a"}]}', 'q'),
+])
+def test_input_no_database_or_renderer_takes_is_a_400_naming_where_it_is(
+        path, text, field, each_database, make_user, api_as, tiny_source, lanes_redis, broker):
+    user = make_user()
+    response = raw_post(api_as(user), path, text, HTTP_PREFER='respond-async')
+    assert response.status_code == 400, response.content[:300]
+    assert response.json()['error_code'] == 'invalid' and field in response.json()['detail']
+    assert lanes_redis.zcard(lane_key(Lane.USER, user.pk)) == 0 and not Call.objects.exists()
+
+
+def test_a_config_note_with_nul_is_a_400(each_database, make_user, api_as):
+    staff = api_as(make_user(is_staff=True))
+    response = staff.generic('PATCH', '/capacity/config/', b'{"es2_knn": 5, "note": "a\\u0000b"}',
+                             content_type='application/json')
+    assert response.status_code == 400 and 'note' in response.json()['detail']
+    assert staff.get('/capacity/config/').json()['version'] is None
+
+
+@pytest.mark.parametrize('metadata', [
+    '{"capacity_aware": "true", "algorithm_id": "a\\u0000b", "automatch_run_id": "run-1"}',
+    '{"capacity_aware": "true", "algorithm_id": "\\ud800", "automatch_run_id": "run-1"}',
+    '{"capacity_aware": "true", "algorithm_id": "x", "automatch_run_id": "\\udfff\\u0000"}',
+])
+def test_metadata_a_database_cant_store_is_ignored_as_documented(
+        metadata, each_database, make_user, api_as, tiny_source, lanes_redis, broker):
+    response = post(api_as(make_user()), {'rows': [{'name': 'fever'}], 'target_repo_url': tiny_source},
+                    HTTP_X_OCL_EVENT_METADATA=metadata)
+    assert response.status_code == 202, response.content[:300]
+    assert response['X-OCL-Capacity-Decision'] == 'admitted'
+    record = record_of(Call.objects.get(pk=response.json()['id']))
+    assert record['enforced'] is False  # shadow mode; what the header said that can be stored is kept:
+    kept = {name: record.get(name) for name in ('algorithm_id', 'automatch_run_id')}
+    assert kept == {'algorithm_id': None, 'automatch_run_id': 'run-1'} or kept == {
+        'algorithm_id': 'x', 'automatch_run_id': None}
+
+
+def test_a_long_prefer_header_keeps_its_respond_async(make_user, api_as, tiny_source, lanes_redis, broker, configure):
+    configure(wait={'default_seconds': 30, 'max_seconds': 30})  # no worker runs: a waiting call would wait 30 s
+    padding = ', '.join(f'x-preference-{i}=value-{i}' for i in range(100))
+    response = post(api_as(make_user()), {'rows': [{'name': 'fever'}], 'target_repo_url': tiny_source},
+                    HTTP_PREFER=f'{padding}, respond-async')
+    assert response.status_code == 202 and response['Preference-Applied'] == 'respond-async'

@@ -189,13 +189,9 @@ def ratelimit_items(response, header):
 
 
 @pytest.fixture
-def rate_limit(monkeypatch):
-    """The rate limit checked afresh: an empty history, and no skip window left by an earlier test."""
-    from django.core.cache import cache
-
+def rate_limit(lanes_redis):
+    """The rate limit, counted in this test's own lane store (an empty window, no skip window)."""
     from api.throttles import HeavyRateThrottle
-    monkeypatch.setattr(HeavyRateThrottle, 'skip_until', 0.0)
-    cache.clear()
     return HeavyRateThrottle
 
 

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 
 from devstack.processes import Child, free_port, http_get, kill_groups, live_members
 
@@ -120,6 +121,9 @@ def check_serving(launch):
 
     api = f'http://127.0.0.1:{launch.port}'
     assert get(f'{api}/healthz')[0] == 200
+    # No Django debug page: what no view serves is the API's JSON too.
+    missing = requests.get(f'{api}/no/such/path', timeout=10)
+    assert missing.status_code == 404 and missing.json()['error_code'] == 'not_found', missing.text[:300]
     assert get(f'{api}/sources/')[0] == 401
     status, body = get(f'{api}/sources/', {'Authorization': f'Token {core}'})
     assert status == 200

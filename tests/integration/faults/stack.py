@@ -11,6 +11,7 @@ import redis
 import requests
 from django.db import connection
 
+from capacity.keys import RATE_LANE
 from devstack.processes import Child, free_port
 from tests.integration.workers.conftest import ROOT, wait_until
 from workers import messages
@@ -102,9 +103,7 @@ class FaultStack:
         try:
             seconds, micros = client.time()
             now_ms = seconds * 1000 + micros // 1000
-            pattern = '{' + self.key_prefix + '}:*'
-            return sum(client.zcount(key, f'({now_ms}', '+inf') for key in client.scan_iter(match=pattern, count=1000)
-                       if client.type(key) == b'zset')
+            return sum(client.zcount(key, f'({now_ms}', '+inf') for key in self._lane_keys(client))
         finally:
             client.close()
 
@@ -113,13 +112,18 @@ class FaultStack:
         acquire script found expired without a release (`stats:expired`)."""
         client = self.lanes()
         try:
-            pattern = '{' + self.key_prefix + '}:*'
-            members = {key.decode(): client.zrange(key, 0, -1, withscores=True)
-                       for key in client.scan_iter(match=pattern, count=1000) if client.type(key) == b'zset'}
+            members = {key.decode(): client.zrange(key, 0, -1, withscores=True) for key in self._lane_keys(client)}
             expired = int(client.get('{' + self.key_prefix + '}:stats:expired') or 0)
             return {key: value for key, value in members.items() if value}, expired
         finally:
             client.close()
+
+    def _lane_keys(self, client):
+        """The lease lanes of this test's prefix: its sorted sets but the rate limit's windows (requests, not
+        leases: capacity.keys.rate_key)."""
+        rate = '{' + self.key_prefix + '}:' + RATE_LANE + ':'
+        return [key for key in client.scan_iter(match='{' + self.key_prefix + '}:*', count=1000)
+                if not key.decode().startswith(rate) and client.type(key) == b'zset']
 
     def status(self):
         """/capacity/status/ as this stack's Redis and the workers' pool registry have it (read in-process)."""

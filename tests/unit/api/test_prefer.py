@@ -15,3 +15,17 @@ def test_preference_applied_names_both_when_both_were_honoured():
     assert prefer.parse('wait=3').applied(3) == 'wait=3'
     assert prefer.parse('wait=3').applied(0) is None
     assert prefer.parse('').applied(600) is None
+
+
+def test_a_long_header_is_read_whole():
+    padding = ', '.join(f'x-preference-{i}=value-{i}' for i in range(100))  # about 2,800 characters
+    assert len(padding) > 1000
+    late = prefer.parse(f'{padding}, respond-async, wait=7')
+    assert late.respond_async and late.wait == 7
+    assert prefer.parse(f'{padding}, respond-async').seconds(600, 900) == 0
+
+
+def test_a_comma_inside_a_quoted_value_does_not_end_a_preference():
+    quoted = prefer.parse('handling=lenient, note="later, respond-async, wait=3"')
+    assert not quoted.respond_async and quoted.wait is None
+    assert prefer.parse('note="a, b", respond-async').respond_async

@@ -1,7 +1,9 @@
 """LIMITER.md §8 CapacityHelpersTest 1-3: tiers, the queue wait read from X-Amzn-Trace-Id, event metadata."""
+import json
+
 import pytest
 
-from capacity.caller import clear_tiers, get_queue_ms, get_tier, parse_event_metadata, truncate
+from capacity.caller import RequestFacts, clear_tiers, get_queue_ms, get_tier, parse_event_metadata, truncate
 
 NOW = 1_700_000_000
 
@@ -59,3 +61,15 @@ def test_parse_event_metadata():
 def test_truncate():
     assert truncate(None, 5) is None and truncate('', 5) is None
     assert truncate('abcdefgh', 5) == 'abcde' and truncate(12345678, 3) == '123'
+
+
+@pytest.mark.parametrize('value', ['a\x00b', '\ud800', 'id-\udfff', '\x00'])
+def test_text_a_database_cant_store_reads_as_absent(value):
+    assert truncate(value, 100) is None
+
+
+def test_metadata_values_a_database_cant_store_are_left_out_of_the_facts():
+    facts = RequestFacts.from_meta({'HTTP_X_OCL_EVENT_METADATA': json.dumps(
+        {'capacity_aware': 'true', 'algorithm_id': 'a\x00b', 'automatch_run_id': '\ud800'})})
+    assert facts.aware is True  # the rest of the header still counts
+    assert facts.algorithm_id is None and facts.automatch_run_id is None

@@ -48,7 +48,7 @@ def test_every_argv_is_documented_and_bound_to_a_named_local(name):
 def test_the_scripts_that_read_the_clock_share_one_prelude():
     preludes = {name: PRELUDE.search(read_script(name)) for name in SCRIPTS}
     with_clock = {name: match.group(0) for name, match in preludes.items() if match}
-    # release reads it to measure how long the leases it removes were held.
-    assert set(with_clock) == {'acquire', 'renew', 'release', 'count'}
+    # release reads it to measure how long the leases it removes were held; rate stamps each request.
+    assert set(with_clock) == {'acquire', 'renew', 'release', 'count', 'rate'}
     assert len(set(with_clock.values())) == 1, 'the prelude drifted between scripts'
     assert "redis.call('TIME')" not in read_script('unclaim')
