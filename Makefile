@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-ml venv migrate clean bench
+.PHONY: run test venv migrate clean bench
 
 $(STAMP): requirements/base.txt requirements/dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,13 +27,8 @@ run: $(STAMP)
 # is tests waiting on the real workers and servers they start, so two processes halve it on two cores.
 TEST_PROCESSES ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile -m "not postgres and not ml" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile -m "not postgres" $(PYTEST_ARGS)
 	HEAVY_LANES_TEST_ON_POSTGRES=1 $(PY) -m pytest -m postgres $(PYTEST_ARGS)
-
-# The optional sentence-transformers embedder and reranker (requirements/ml.txt, about 6 GB with torch).
-test-ml: $(STAMP)
-	$(PY) -m pip install -q -r requirements/ml.txt
-	$(PY) -m pytest -m ml $(PYTEST_ARGS)
 
 # Every benchmark in turn (docs/benchmarks.md), each against its own private Redis (and, from submission on,
 # its own stack: PostgreSQL database heavy_lanes_bench, gunicorn, lane workers). Results: bench/out/*.json.
