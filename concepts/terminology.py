@@ -23,6 +23,7 @@ from concepts.errors import ConceptsError, TerminologyFormatError, UnknownTermin
 
 FIXTURES_DIR = Path(__file__).resolve().parent / 'fixtures'
 TINY_PATH = FIXTURES_DIR / 'tiny.json'
+LAY_PHRASES_PATH = FIXTURES_DIR / 'hpo_lay_phrases.json'
 HPO_ROOT = 'HP:0000001'
 
 
@@ -259,6 +260,13 @@ def read_json_terminology(path):
 
 def read_tiny():
     return read_json_terminology(TINY_PATH)
+
+
+def read_lay_phrases(path=LAY_PHRASES_PATH):
+    """The lay-phrase test set of the HPO: ((phrase, {code: name of each concept a clinician accepts}), ...).
+    No phrase is a name or synonym of the HPO (the tests check it), so a match has to know what it means."""
+    data = json.loads(Path(path).read_text(encoding='utf-8'))
+    return tuple((item['phrase'], dict(item['accepted'])) for item in data['phrases'])
 
 
 TERMINOLOGIES = {
