@@ -43,10 +43,16 @@ from rest_framework.exceptions import ValidationError
 from concepts import ocl
 from concepts.matching import store
 from concepts.matching.embedders import DEFAULT_EMBEDDER
+from concepts.matching.index import SemanticIndex
 from concepts.matching.pipeline import match
 from concepts.matching.ranking import SCORE_DECIMALS
-from concepts.matching.index import SemanticIndex
-from concepts.matching.rerank import DEFAULT_RERANKER, FuzzyReranker, make_reranker, rerank, reranks_with_index
+from concepts.matching.rerank import (
+    DEFAULT_RERANKER,
+    FuzzyReranker,
+    make_reranker,
+    rerank,
+    reranks_with_index,
+)
 from concepts.models import Source
 
 MAX_ROWS = 1000            # rows per $match or $rerank body

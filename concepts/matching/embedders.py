@@ -53,7 +53,7 @@ class MiniLMEmbedder:
 
     def index_vectors(self, table):
         from concepts.matching import adapter
-        texts, owner = adapter.concept_texts(table)
+        texts, _ = adapter.concept_texts(table)
         entries = len(table.texts)
         base = np.concatenate([self.encoder.embed(texts[:entries]),
                                self.encoder.embed(texts[entries:], max_tokens=minilm.DEFINITION_TOKENS)])

@@ -1,6 +1,5 @@
 """Lexical, semantic and reranked matching over the tiny terminology (no database)."""
 import numpy as np
-import pytest
 
 from concepts.matching.embedders import make_embedder
 from concepts.matching.index import SemanticIndex
