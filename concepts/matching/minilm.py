@@ -106,6 +106,9 @@ class _Runtime:
         self.tokenizer.no_padding()  # padded here, per batch, to the batch's longest text
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = count
+        # onnxruntime's pool threads spin while they wait for work by default: on cores shared with the
+        # lane workers, the API and the database that burns CPU the others need.
+        options.add_session_config_entry('session.intra_op.allow_spinning', '0')
         options.inter_op_num_threads = 1
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.log_severity_level = 3
