@@ -46,6 +46,7 @@ class MiniLMEmbedder:
     def __init__(self, encoder=None):
         self.encoder = encoder or minilm.Encoder().check()
         self.adapter = None
+        self._last = {}  # text -> vector of the last call's texts: a reranked match embeds its rows again
 
     @property
     def cache_key(self):
@@ -65,6 +66,7 @@ class MiniLMEmbedder:
         from concepts.matching import adapter
         texts, owner = adapter.concept_texts(table)
         self.adapter = adapter.Adapter(adapter.fit(base, adapter.training_pairs(table, texts, owner)))
+        self._last = {}
         vectors = self.adapter.apply(base)
         entries = len(table.texts)
         if len(texts) == entries:
@@ -72,7 +74,17 @@ class MiniLMEmbedder:
         return vectors[:entries], vectors[entries:], owner[entries:].astype(np.int32)
 
     def embed(self, texts):
-        return self.adapter.apply(self.encoder.embed(texts))
+        """Adapted vectors of `texts`. The texts of the previous call are not run through the model again:
+        a reranked match embeds its rows to retrieve, then to rescore (pipeline.match, rerank.rerank)."""
+        last = self._last
+        missing = [text for text in dict.fromkeys(texts) if text not in last]
+        if missing:
+            last = {**{text: last[text] for text in texts if text in last},
+                    **dict(zip(missing, self.adapter.apply(self.encoder.embed(missing))))}
+            self._last = last
+        if not texts:
+            return np.zeros((0, minilm.DIMENSIONS), dtype=np.float32)
+        return np.stack([last[text] for text in texts])
 
     def save(self, directory):
         self.adapter.save(directory)
@@ -80,6 +92,7 @@ class MiniLMEmbedder:
     def load(self, directory):
         from concepts.matching import adapter
         self.adapter = adapter.Adapter.load(directory)
+        self._last = {}
         return self
 
 
