@@ -38,9 +38,9 @@ from devstack.processes import Child, free_port, http_get, port_in_use, stop_chi
 
 READY_SECONDS = 90
 # The first index build runs the sentence model over every name, synonym and definition of the HPO and fits
-# its adapter: about 3 minutes on 2 idle cores (docs/quality.md). Lane workers started before it ends would
-# start without the indexes and their first calls would wait for the build.
-INDEX_SECONDS = 360
+# its adapter: minutes on 2 cores (7.8 at load average 5-10, docs/deployment.md). Lane workers started
+# before it ends would start without the indexes and their first calls would wait for the build.
+INDEX_SECONDS = 600
 REDIS_ATTEMPTS = 3  # a free port can be taken between choosing it and binding it
 
 
