@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint test-ml venv migrate clean bench
+.PHONY: run test lint venv migrate clean bench
 
 $(STAMP): requirements/base.txt requirements/dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,7 +27,7 @@ run: $(STAMP)
 # is tests waiting on the real workers and servers they start, so two processes halve it on two cores.
 TEST_PROCESSES ?= 2
 test: $(STAMP) lint
-	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile -m "not postgres and not ml" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile -m "not postgres" $(PYTEST_ARGS)
 	HEAVY_LANES_TEST_ON_POSTGRES=1 $(PY) -m pytest -m postgres $(PYTEST_ARGS)
 
 # The house's own checks, run first by `make test`: the style (ruff, pyproject.toml) and the layers
@@ -35,11 +35,6 @@ test: $(STAMP) lint
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
-
-# The optional sentence-transformers embedder and reranker (requirements/ml.txt, about 6 GB with torch).
-test-ml: $(STAMP)
-	$(PY) -m pip install -q -r requirements/ml.txt
-	$(PY) -m pytest -m ml $(PYTEST_ARGS)
 
 # Every benchmark in turn (docs/benchmarks.md), each against its own private Redis (and, from submission on,
 # its own stack: PostgreSQL database heavy_lanes_bench, gunicorn, lane workers). Results: bench/out/*.json.

@@ -247,9 +247,9 @@ API_THREADS = env_int('API_THREADS', 64)
 API_WAITING_PER_PROCESS = env_int('API_WAITING_PER_PROCESS', max(API_THREADS - 8, 1))
 
 # Matching (concepts/): the embedder for semantic $match, the reranker, and how many loaded indexes a
-# process keeps. `sentence-transformers` for either needs requirements/ml.txt.
-CONCEPTS_EMBEDDER = os.environ.get('CONCEPTS_EMBEDDER', 'tfidf-svd')
-CONCEPTS_RERANKER = os.environ.get('CONCEPTS_RERANKER', 'fuzzy')
+# process keeps. Unset, concepts.services picks its defaults (docs/quality.md).
+CONCEPTS_EMBEDDER = os.environ.get('CONCEPTS_EMBEDDER')
+CONCEPTS_RERANKER = os.environ.get('CONCEPTS_RERANKER')
 CONCEPTS_INDEX_CACHE_SIZE = env_int('CONCEPTS_INDEX_CACHE_SIZE', 8)
 # How long an API process trusts a target_repo_url it found (the worker checks again before running).
 CONCEPTS_SOURCE_CACHE_SECONDS = env_int('CONCEPTS_SOURCE_CACHE_SECONDS', 10)

@@ -21,7 +21,9 @@ first call). From the calls' rows:
   which show that a P-process round had P processes working side by side.
 
 Floor: `concepts.services.run_match(body, semantic=True)` on the same bodies in this process (one process,
-no queue). Scaling: throughput with 2 processes / with 1 (2.0 would be perfect; the machine has
+no queue), and 100 one-row calls (p50, p90): this process runs the sentence model with one thread, as a pool
+process does (CONCEPTS_MODEL_THREADS, default 1).
+Scaling: throughput with 2 processes / with 1 (2.0 would be perfect; the machine has
 os.cpu_count() cores shared with the API, PostgreSQL and Redis). `--blas-threads N` sets OMP/OPENBLAS/MKL
 thread counts for the workers and this process (default: the libraries' own choice, as shipped).
 `--projection-fix` runs the workers and the floor with the fix to TfidfSvdEmbedder.embed proposed in
@@ -64,8 +66,20 @@ def floor(source, rows, calls):
     for body in work:
         services.run_match(services.validate_match(body), semantic=True, reranker=False)
     seconds = time.perf_counter() - started
-    return {'rows': rows * calls, 'seconds': round(seconds, 3), 'rows_per_s': round(rows * calls / seconds, 1),
-            'ms_per_call': round(seconds / calls * 1000, 2)}
+    single = []
+    for name in phrases()[:ONE_ROW_CALLS]:
+        body = {'rows': [{'name': name}], 'target_repo_url': source, 'limit': 5}
+        began = time.perf_counter()
+        services.run_match(services.validate_match(body), semantic=True, reranker=False)
+        single.append((time.perf_counter() - began) * 1000)
+    cuts = statistics.quantiles(single, n=10)
+    return {'rows': rows * calls, 'seconds': round(seconds, 3),
+            'rows_per_s': round(rows * calls / seconds, 1), 'ms_per_call': round(seconds / calls * 1000, 2),
+            'one_row_ms': {'calls': len(single), 'p50': round(statistics.median(single), 2),
+                           'p90': round(cuts[8], 2), 'max': round(max(single), 2)}}
+
+
+ONE_ROW_CALLS = 100
 
 
 def pid_of(worker):
@@ -154,8 +168,9 @@ def main():
         token = stack.token('core')
         import api.bench_views  # noqa: F401  (with --projection-fix: patches this process's embedder too)
         base = floor(stack.source, args.rows, max(4, args.calls_per_process))
+        one = base['one_row_ms']
         print(f'floor (run_match in this process): {base["rows_per_s"]} rows/s, {base["ms_per_call"]} ms per '
-              f'call of {args.rows} rows', flush=True)
+              f'call of {args.rows} rows; one-row calls p50 {one["p50"]} ms, p90 {one["p90"]} ms', flush=True)
         rounds = {size: [] for size in sizes}
         for round_number in range(args.rounds):
             for size in sizes:
@@ -179,7 +194,7 @@ def main():
                          ('throughput_rows_per_s', 'per_process_rows_per_s', 'run_ms_median', 'wall_seconds')}
                   | {'rounds': lines} for size, lines in rounds.items()}
 
-    summary = {'floor_rows_per_s': base['rows_per_s']}
+    summary = {'floor_rows_per_s': base['rows_per_s'], 'one_row_p90_ms': base['one_row_ms']['p90']}
     for size, line in phases.items():
         summary[f'throughput_{size}'] = line['throughput_rows_per_s']
         summary[f'per_process_{size}'] = line['per_process_rows_per_s']

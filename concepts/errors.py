@@ -4,7 +4,7 @@
     ├── UnknownTerminology        `load_terminology NAME` names no terminology this app can load
     ├── TerminologyFormatError    a shipped terminology file could not be parsed (carries path, line)
     ├── UnknownEmbedder           CONCEPTS_EMBEDDER / CONCEPTS_RERANKER names no implementation
-    └── EmbedderUnavailable       the embedder exists but its optional packages are not installed
+    └── EmbedderUnavailable       the embedder exists but its packages (or their pinned files) are not installed
 
 Request validation is not part of this tree: `concepts.services` raises DRF's `ValidationError`, which the
 views render as 400.
@@ -38,8 +38,7 @@ class UnknownEmbedder(ConceptsError):
 
 
 class EmbedderUnavailable(ConceptsError):
-    def __init__(self, name, missing):
+    def __init__(self, name, missing, requirements='requirements/base.txt'):
         self.name = name
         self.missing = missing
-        super().__init__(
-            f'embedder {name!r} needs the optional package {missing!r}: pip install -r requirements/ml.txt')
+        super().__init__(f'embedder {name!r} needs the package {missing!r}: pip install -r {requirements}')

@@ -47,21 +47,21 @@ def load_terminology(terminology, progress=_no_progress):
         source, source_created = Source.objects.select_for_update().get_or_create(
             org=terminology.org, mnemonic=terminology.mnemonic, defaults=fields)
         stored = Concept.objects.filter(source=source).values_list(
-            'id', 'code', 'name', 'concept_class', 'synonyms')
-        existing = {code: (pk, name, concept_class, synonyms)
-                    for pk, code, name, concept_class, synonyms in stored}
+            'id', 'code', 'name', 'concept_class', 'synonyms', 'definition')
+        existing = {code: (pk, name, concept_class, synonyms, definition)
+                    for pk, code, name, concept_class, synonyms, definition in stored}
         to_create, to_update = [], []
         wanted = set()
         for concept in terminology.concepts:
             wanted.add(concept.code)
             synonyms = list(concept.synonyms)
             row = existing.get(concept.code)
+            fields_of = {'code': concept.code, 'name': concept.name, 'concept_class': concept.concept_class,
+                         'synonyms': synonyms, 'definition': concept.definition}
             if row is None:
-                to_create.append(Concept(source=source, code=concept.code, name=concept.name,
-                                         concept_class=concept.concept_class, synonyms=synonyms))
-            elif row[1:] != (concept.name, concept.concept_class, synonyms):
-                to_update.append(Concept(id=row[0], source=source, code=concept.code, name=concept.name,
-                                         concept_class=concept.concept_class, synonyms=synonyms))
+                to_create.append(Concept(source=source, **fields_of))
+            elif row[1:] != (concept.name, concept.concept_class, synonyms, concept.definition):
+                to_update.append(Concept(id=row[0], source=source, **fields_of))
         to_delete = [row[0] for code, row in existing.items() if code not in wanted]
 
         for stage, items in (('create', to_create), ('update', to_update), ('delete', to_delete)):
@@ -70,7 +70,7 @@ def load_terminology(terminology, progress=_no_progress):
                 if stage == 'create':
                     Concept.objects.bulk_create(batch)
                 elif stage == 'update':
-                    Concept.objects.bulk_update(batch, ['name', 'concept_class', 'synonyms'])
+                    Concept.objects.bulk_update(batch, ['name', 'concept_class', 'synonyms', 'definition'])
                 else:
                     Concept.objects.filter(id__in=batch).delete()
                 progress(stage, start + len(batch), len(items))

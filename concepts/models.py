@@ -1,8 +1,10 @@
 """Concept repositories: a `Source` (one current version per org and mnemonic) and its `Concept` rows.
 
 A source is reloaded in place by `manage.py load_terminology`: its `version` and `checksum` change and the
-concept rows are upserted. `checksum` is a digest of the loaded content, so two loads of the same version
-with different content (say `--limit`) still give the matching indexes different keys.
+concept rows are upserted. A concept's `definition` (HPO's `def:`) is indexed for semantic matching as an
+extra entry of the concept, never shown as one of its names. `checksum` is a digest of the loaded content,
+so two loads of the same version with different content (say `--limit`) still give the matching indexes
+different keys.
 """
 from django.db import models
 
@@ -42,6 +44,7 @@ class Concept(models.Model):
     name = models.CharField(max_length=1024)
     concept_class = models.CharField(max_length=128, blank=True, default='')
     synonyms = models.JSONField(default=list, blank=True)
+    definition = models.TextField(blank=True, default='')
 
     class Meta:
         constraints = [

@@ -45,9 +45,16 @@ from rest_framework.exceptions import ValidationError
 from concepts import bounds, ocl
 from concepts.matching import store
 from concepts.matching.embedders import DEFAULT_EMBEDDER
+from concepts.matching.index import SemanticIndex
 from concepts.matching.pipeline import match
 from concepts.matching.ranking import SCORE_DECIMALS
-from concepts.matching.rerank import DEFAULT_RERANKER, FuzzyReranker, make_reranker, rerank
+from concepts.matching.rerank import (
+    DEFAULT_RERANKER,
+    FuzzyReranker,
+    make_reranker,
+    rerank,
+    reranks_with_index,
+)
 from concepts.models import Source
 
 MAX_ROWS = 1000            # rows per $match or $rerank body
@@ -63,13 +70,13 @@ _SOURCE_URL = re.compile(
 
 
 def embedder_name():
-    """Setting CONCEPTS_EMBEDDER, else the environment variable of that name, else tfidf-svd."""
+    """Setting CONCEPTS_EMBEDDER, else the environment variable of that name, else minilm."""
     return (getattr(settings, 'CONCEPTS_EMBEDDER', None) or os.environ.get('CONCEPTS_EMBEDDER')
             or DEFAULT_EMBEDDER)
 
 
 def reranker_name():
-    """Setting CONCEPTS_RERANKER, else the environment variable of that name, else fuzzy."""
+    """Setting CONCEPTS_RERANKER, else the environment variable of that name, else semantic."""
     return (getattr(settings, 'CONCEPTS_RERANKER', None) or os.environ.get('CONCEPTS_RERANKER')
             or DEFAULT_RERANKER)
 
@@ -278,7 +285,7 @@ def run_match(payload, semantic, reranker):
     queries = [row['name'] for row in body['rows']]
 
     index = store.semantic_index(source, embedder_name()) if semantic else store.lexical_index(source)
-    scorer = make_reranker(reranker_name()) if reranker else None
+    scorer = _match_reranker(source, index) if reranker else None
     ranked = match(index, queries, start + limit, scorer)
     table = index.table
 
@@ -297,6 +304,16 @@ def run_match(payload, semantic, reranker):
     return answer
 
 
+def _match_reranker(source, index):
+    """The reranker of a `$match` of `source`: it reads candidates' vectors from the source's semantic index
+    (`index` when the match is semantic) instead of running the model on them."""
+    name = reranker_name()
+    if not reranks_with_index(name):
+        return make_reranker(name)
+    semantic = index if isinstance(index, SemanticIndex) else store.semantic_index(source, embedder_name())
+    return make_reranker(name, index=semantic)
+
+
 def warm(semantic=True, lexical=True, rerank_texts=True):
     """Load every source's indexes, and the libraries matching imports, into this process; with
     `rerank_texts`, also what the fuzzy part of every reranker imports (by scoring one pair). A lane
@@ -305,9 +322,14 @@ def warm(semantic=True, lexical=True, rerank_texts=True):
     on an idle machine for the tiny terminology, mostly importing scikit-learn, and 2 s under load.
     Only parts already built are loaded: building a semantic index runs the embedder's model, and a model
     with threads of its own must not be loaded before a fork (a part not built yet is built by the first
-    call that needs it, as without this). Returns the number of index parts now loaded."""
+    call that needs it, as without this). Loading a semantic index reads its arrays and the adapter's
+    matrix, never the model: the ONNX session is made by the first query each pool process embeds
+    (concepts.matching.minilm). With `lexical` and `rerank_texts`, the semantic index is loaded too when the
+    reranker reads it. Returns the number of index parts now loaded."""
     if rerank_texts:
         FuzzyReranker().score_pairs(['warm up'], ['warm up'])
+    # A reranked lexical match reads the semantic index too (see _match_reranker).
+    semantic = semantic or (lexical and rerank_texts and reranks_with_index(reranker_name()))
     parts = 0
     for source in Source.objects.all():
         if lexical and store.lexical_index(source, build=False) is not None:

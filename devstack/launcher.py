@@ -37,6 +37,10 @@ from devstack.prepare import TERMINOLOGY
 from devstack.processes import Child, free_port, http_get, port_in_use, stop_children, tail
 
 READY_SECONDS = 90
+# The first index build runs the sentence model over every name, synonym and definition of the HPO and fits
+# its adapter: minutes on 2 cores (7.8 at load average 5-10, docs/deployment.md). Lane workers started
+# before it ends would start without the indexes and their first calls would wait for the build.
+INDEX_SECONDS = 600
 REDIS_ATTEMPTS = 3  # a free port can be taken between choosing it and binding it
 
 
@@ -256,15 +260,15 @@ class Launcher:
 
     def wait_ready(self):
         """Wait for every child to be ready, starting the lane workers once the index step ended (or after
-        READY_SECONDS of it: they start cold rather than never); each part gets READY_SECONDS."""
-        deadline = time.monotonic() + READY_SECONDS
+        INDEX_SECONDS of it: they start cold rather than never); each other part gets READY_SECONDS."""
+        deadline = time.monotonic() + (INDEX_SECONDS if 'indexes' in self.children else READY_SECONDS)
         pending = [child for child in self.children.values() if child.name != 'redis' and not child.one_shot]
         lanes_started = False
         while pending or not lanes_started:
             self.check_children()
             if not lanes_started and ('indexes' not in self.children or time.monotonic() > deadline):
                 if 'indexes' in self.children:
-                    self.say(f'The match indexes are not built after {READY_SECONDS} s: starting the lane '
+                    self.say(f'The match indexes are not built after {INDEX_SECONDS} s: starting the lane '
                              'workers without them (the first calls wait for the build).')
                 pending += self.start_lane_workers()
                 lanes_started = True

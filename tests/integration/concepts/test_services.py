@@ -67,7 +67,9 @@ def test_verbose_adds_the_concept_details_and_best_match_keeps_medium_and_better
 
 
 @pytest.mark.django_db
-def test_a_semantic_match_finds_misspelt_rows(tiny_source):
+def test_a_semantic_match_with_the_character_embedder_finds_misspelt_rows(tiny_source, settings):
+    # The default MiniLM finds the last two but not 'hypertenison' (docs/quality.md): typos are tfidf-svd's.
+    settings.CONCEPTS_EMBEDDER = 'tfidf-svd'
     rows = [{'name': 'hypertenison'}, {'name': 'diarhea'}, {'name': 'ostoeporosis'}]
     answer = matched({'rows': rows, 'target_repo_url': URL}, semantic=True, limit=5)
     assert [row[0] for row in ids(answer)] == ['TC001', 'TC018', 'TC028']
@@ -150,8 +152,10 @@ def test_rerank_answers_ocls_list_best_first_with_the_score_where_ocl_puts_it():
             {'display_name': 'Type 2 diabetes', 'id': 3, 'search_meta': {'search_score': 4.0}}]
     answer = run_rerank({'q': 'diabetes type 2', 'rows': rows})
     assert [row['id'] for row in answer] == [3, 2, 1]
-    assert answer[0] == {**rows[2], 'search_meta': {'search_score': 4.0, 'search_rerank_score': 1.0,
-                                                     'search_normalized_score': 100.0}}
+    score = answer[0]['search_meta']['search_rerank_score']
+    assert score > 0.9  # the same words in another order: the sentence model's cosine, not quite 1
+    assert answer[0] == {**rows[2], 'search_meta': {'search_score': 4.0, 'search_rerank_score': score,
+                                         'search_normalized_score': round(score * 100, 4)}}
     assert answer[1]['search_rerank_score'] == answer[1]['search_meta']['search_normalized_score'] / 100
     assert 1.0 > answer[1]['search_rerank_score'] > answer[2]['search_rerank_score'] >= 0.0
 

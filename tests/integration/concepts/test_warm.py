@@ -6,7 +6,7 @@ import logging
 import pytest
 
 from concepts import services
-from concepts.matching import store
+from concepts.matching import minilm, store
 from workers import signals
 
 
@@ -30,7 +30,10 @@ def build(source):
 
 def test_warm_loads_every_sources_parts_into_the_cache(tiny_source):
     build(tiny_source)
+    minilm._runtime.clear()  # the build above ran the model in this process
     assert services.warm() == 2
+    # Loading reads arrays only: no model session (threads of its own) in a process that forks afterwards.
+    assert minilm._runtime.peek() is None
     builds = dict(store.BUILDS)
     payload = services.validate_match({'rows': [{'name': 'chest pain'}], 'target_repo_url': tiny_source.url})
     services.run_match(payload, semantic=True, reranker=False)
@@ -47,6 +50,11 @@ def test_a_node_loads_only_the_parts_its_queues_use(tiny_source, monkeypatch):
     store.clear_cache()
     monkeypatch.setattr(signals, '_served', ['api_heavy'])
     signals.warm_indexes(sender='api_heavy@test')
+    # Reranked lexical calls: the semantic reranker reads the semantic index's vectors.
+    assert [name.rsplit('/', 1)[-1].split('-')[0] for name in store._cache] == ['lexical', 'semantic']
+    store.clear_cache()
+    monkeypatch.setattr(services, 'reranker_name', lambda: 'fuzzy')
+    signals.warm_indexes(sender='api_heavy@test')
     assert [name.rsplit('/', 1)[-1] for name in store._cache] == ['lexical-bm25']
 
 
@@ -59,7 +67,8 @@ def test_what_a_node_loaded_is_frozen_out_of_the_collectors_reach(tiny_source, m
     assert gc.get_freeze_count() > 0 and not any(obj is index for obj in gc.get_objects())
 
 
-def test_the_semantic_index_is_loaded_with_its_projection_made(tiny_source):
+def test_the_semantic_index_is_loaded_with_its_projection_made(tiny_source, settings):
+    settings.CONCEPTS_EMBEDDER = 'tfidf-svd'
     build(tiny_source)
     services.warm(lexical=False)
     embedder = next(iter(store._cache.values())).embedder

@@ -46,8 +46,10 @@ class Launch:
         self.flower_port = free_port()
         self.env = {key: value for key, value in os.environ.items()
                     if key not in INHERITED and not key.startswith('HEAVY_LANES_TEST')}
+        # The model-free embedder: this tests the launcher, and the default one's first HPO build (minutes,
+        # tests/integration/concepts/test_hpo_match.py) would not fit this test's bounds.
         self.env.update(HEAVY_LANES_VAR_DIR=str(var_dir), PORT=str(self.port),
-                        FLOWER_PORT=str(self.flower_port), WEB_CONCURRENCY='2', **env)
+                        FLOWER_PORT=str(self.flower_port), WEB_CONCURRENCY='2', CONCEPTS_EMBEDDER='tfidf-svd', **env)
         self.process = None
         self.pgids = set()
 

@@ -1,16 +1,24 @@
 """A semantic `$match` of 100 rows over the whole HPO, through the API and Celery's in-process worker."""
 import pytest
 
-from concepts.loader import load_terminology
+from concepts.matching import store
 from concepts.terminology import read_hpo
-from tests.integration.concepts.test_hpo_match import bag, known_synonyms
+from tests.integration.concepts.test_hpo_match import bag, known_synonyms, use_shared_hpo_indexes
 from tests.integration.workers.conftest import wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.redis]
+# The HPO indexes are built once per machine (see use_shared_hpo_indexes); the first build takes minutes.
+pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.timeout(1500)]
 
 
-def test_a_hundred_known_synonyms_come_back_with_their_concepts_first(in_process_worker, make_user, api_as):
-    load_terminology(read_hpo())
+@pytest.fixture
+def hpo_indexes(db, settings):
+    use_shared_hpo_indexes(settings)
+    yield
+    store.clear_cache()
+
+
+def test_a_hundred_known_synonyms_come_back_with_their_concepts_first(hpo_indexes, in_process_worker, make_user,
+                                                                     api_as):
     pairs = known_synonyms(read_hpo(), 100, seed=11)
     client = api_as(make_user('core_user'))
     response = client.post('/concepts/$match/?semantic=true&limit=5&verbose=true', HTTP_PREFER='respond-async',

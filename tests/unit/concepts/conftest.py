@@ -21,6 +21,11 @@ def tiny_semantic(tiny_table):
     return SemanticIndex.build(tiny_table, make_embedder('tfidf-svd'))
 
 
+@pytest.fixture(scope='session')
+def tiny_minilm(tiny_table):
+    return SemanticIndex.build(tiny_table, make_embedder('minilm'))
+
+
 @pytest.fixture
 def tiny_source(db):
     """The tiny terminology loaded into the database; its Source."""

