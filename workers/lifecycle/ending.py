@@ -37,9 +37,13 @@ def cancel(call):
         work = Work.objects.select_for_update().filter(pk=call.work_id).first()
         if work is None or work.state not in OPEN_STATES:
             return None
+        was = work.state
+        if was == State.RUNNING and work.started_at is not None and work.started_at > now:
+            # Its start was written by another clock (the database's, a worker host's) or after this
+            # request read its own: the owner sees a start before the cancel (seen), as it happened.
+            now = work.started_at
         if not Call.objects.filter(pk=call.pk, cancelled_at__isnull=True).update(cancelled_at=now):
             return None
-        was = work.state
         last = work.holders <= 1
         if last:
             move('cancel', work.pk, finished_at=now, holders=0)

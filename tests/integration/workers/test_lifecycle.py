@@ -164,6 +164,18 @@ def test_a_running_cancel_keeps_the_leases_until_the_work_stopped(make_user, lan
     assert not lifecycle.stopped(call.work_id)  # once
 
 
+def test_a_cancel_that_finds_the_work_running_shows_its_start_though_another_clock_wrote_it_later(make_user):
+    # The start is written with the database's clock (or a worker host's); this host's runs behind it.
+    call = queued(make_user())
+    lifecycle.start(call.work, 'w@me pid 1')
+    ahead = timezone.now() + timedelta(seconds=2)
+    Work.objects.filter(pk=call.work_id).update(started_at=ahead)
+    assert lifecycle.cancel(call) == 'running'
+    shown = seen(call)
+    assert (shown.state, shown.started_at) == ('cancelled', ahead)
+    assert Call.objects.get(pk=call.pk).cancelled_at == ahead
+
+
 def test_cancelling_one_of_two_calls_leaves_the_work_and_the_last_cancels_it(make_user, lanes, quiet):
     user = make_user()
     first = queued(user)
