@@ -172,13 +172,34 @@ def run_loaded(first, perform, node, soft_limit, claimed=None):
             recorded = record(heartbeat, lifecycle.fail, work, error, worker=worker)
             ending.cancelled = not recorded
             end(first, worker, lease, heartbeat, recorded=recorded, ran=ran)
-        raise
+        if recorded:
+            raise
+        # Not this run's failure to report: the work was cancelled or taken over by another delivery.
+        logger.info('Heavy work %s stopped with %s after it was cancelled or taken over', work.pk,
+                    type(ex).__name__)
+        if swallowed_exit(ex):
+            # The cancel's SIGTERM (billiard's handler raises SystemExit) met an import of a C extension,
+            # which turned it into this error and left the module half registered: the process would fail
+            # every later call that imports it. It exits now, as the signal meant, and the pool replaces it.
+            raise SystemExit(-signal.SIGTERM) from ex
+        return None
     with terminate_deferred() as ending:
         ran = ran_for(work, began)
         text = record(heartbeat, lifecycle.succeed, work, result, worker=worker)
         ending.cancelled = text is None
         end(first, worker, lease, heartbeat, recorded=text is not None, ran=ran, result_text=text)
     return result
+
+
+def swallowed_exit(ex):
+    """Whether `ex` was raised while a SystemExit was being handled (its cause or context, at any depth)."""
+    seen = set()
+    while ex is not None and id(ex) not in seen:
+        if isinstance(ex, SystemExit):
+            return True
+        seen.add(id(ex))
+        ex = ex.__cause__ or ex.__context__
+    return False
 
 
 RECORD_PAUSE_SECONDS = (0.2, 5.0)  # the first and the longest pause between tries to record an end

@@ -257,6 +257,40 @@ def test_a_cancel_while_it_runs_keeps_no_result_and_releases_the_leases_once_it_
     assert lines.call_args.args[0]['state'] == 'cancelled'
 
 
+def test_an_error_the_cancel_caused_ends_the_run_quietly_as_a_stop(deliver, make_user, lanes, lines):
+    # The cancel's SIGTERM raises SystemExit in the pool process, and an import under way turns it into
+    # ImportError: the run stops as cancelled, and the task returns instead of reporting a failure.
+    call = admitted(make_user())
+
+    def perform(row):
+        assert lifecycle.cancel(first_call(row.pk)) == 'running'
+        raise ImportError('initialization failed')
+    assert deliver(call.pk, perform=perform, node='w@h') is None
+    call.refresh_from_db()
+    assert (call.state, call.error, call.heartbeat_at) == ('cancelled', '', None)
+    assert scores(lanes, call) == [None] * len(keys(call))
+    assert lines.call_args.args[0]['state'] == 'cancelled'
+
+
+def test_a_cancels_signal_an_import_swallowed_still_ends_the_process_after_the_stop(
+        deliver, make_user, lanes, lines):
+    # billiard's SIGTERM handler raised SystemExit inside an import of a C extension, which turned it into
+    # ImportError: the process must not live on with the module half registered.
+    call = admitted(make_user())
+
+    def perform(row):
+        assert lifecycle.cancel(first_call(row.pk)) == 'running'
+        try:
+            raise SystemExit(-241)
+        except SystemExit as ex:
+            raise ImportError('initialization failed') from ex
+    with pytest.raises(SystemExit):
+        deliver(call.pk, perform=perform, node='w@h')
+    call.refresh_from_db()
+    assert (call.state, call.error, call.heartbeat_at) == ('cancelled', '', None)
+    assert scores(lanes, call) == [None] * len(keys(call))
+
+
 @pytest.mark.django_db(transaction=True)  # the heartbeat and the canceller are threads of their own
 def test_a_cancel_whose_revoke_never_reached_the_worker_stops_the_work_at_its_next_heartbeat(
         deliver, make_user, lanes, lines, settings):
