@@ -224,6 +224,9 @@ CAPACITY_REDIS_TIMEOUT_SECONDS = env_float('CAPACITY_REDIS_TIMEOUT_SECONDS', 0.5
 # Must stay under lease_seconds - 2 x renew_seconds (60 - 40 = 20 with the defaults), so one Redis error
 # can't make a long call miss two renewals in a row.
 CAPACITY_REDIS_RETRY_SECONDS = env_int('CAPACITY_REDIS_RETRY_SECONDS', 15)
+# How often a process in its skip window PINGs Redis to close the window as soon as Redis answers
+# (capacity.breaker); 0 keeps the window for its whole length.
+CAPACITY_REDIS_PROBE_SECONDS = env_float('CAPACITY_REDIS_PROBE_SECONDS', 0.5)
 CAPACITY_REDIS_DEADLINE_SECONDS = env_float('CAPACITY_REDIS_DEADLINE_SECONDS', 1.0)
 CAPACITY_TASK_ID = os.environ.get('CAPACITY_TASK_ID', '') or socket.gethostname()
 CAPACITY_KEY_PREFIX = os.environ.get('CAPACITY_KEY_PREFIX', 'ocl:capacity')

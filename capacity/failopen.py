@@ -2,9 +2,10 @@
 
 Any error while counting, renewing or releasing is turned into a value by the lane store's verbs
 (capacity.store.verb: `Unknown`, with the error as `<ExcClass>: <message>` up to 300 characters) and logged
-once here. A Redis error also opens the skip window (capacity.store.LaneStore.mark_unavailable): for
-CAPACITY_REDIS_RETRY_SECONDS this process doesn't call Redis for capacity, so an outage costs at most one
-call per process per window, by at most the deadline. Other errors (a bug) leave the window shut.
+once here. A Redis error also opens the skip window (capacity.store.LaneStore.mark_unavailable): until a
+probe sees Redis answer (capacity.breaker), for at most CAPACITY_REDIS_RETRY_SECONDS, this process doesn't
+call Redis for capacity, so an outage costs at most one call per process per window, by at most the
+deadline. Other errors (a bug) leave the window shut.
 """
 import logging
 

@@ -50,6 +50,7 @@ import redis
 from django.conf import settings
 
 from capacity import failopen
+from capacity.breaker import Prober
 from capacity.operations import BadCall, Operations
 from capacity.releases import DeferredReleases
 from capacity.runner import Runner
@@ -131,6 +132,7 @@ class LaneStore:
         self.ops = Operations(self.runner)
         self.unavailable_until = 0.0  # time.monotonic() before which Redis is skipped
         self.releases = DeferredReleases(self)
+        self.prober = Prober(self)  # closes the window once Redis answers (capacity.breaker)
 
     # --- the skip window
 
@@ -138,8 +140,10 @@ class LaneStore:
         return time.monotonic() >= self.unavailable_until
 
     def mark_unavailable(self):
-        """Skip Redis for CAPACITY_REDIS_RETRY_SECONDS, so an outage costs each process one slow call."""
+        """Skip Redis for at most CAPACITY_REDIS_RETRY_SECONDS, so an outage costs each process one slow call:
+        the window closes sooner, once a probe off the request path sees Redis answer (capacity.breaker)."""
         self.unavailable_until = time.monotonic() + settings.CAPACITY_REDIS_RETRY_SECONDS
+        self.prober.start()
 
     # --- lanes
 

@@ -34,6 +34,8 @@ class FaultStack:
             'HEAVY_LANES_WORKER_DB': str(connection.settings_dict['NAME']),
             'CAPACITY_KEY_PREFIX': key_prefix, 'REDIS_URL': self.lanes_url, 'CELERY_BROKER_URL': self.broker_url,
             'CAPACITY_CONFIG_CACHE_SECONDS': '1', 'WORKERS_RECONCILE_SECONDS': '0.5',
+            # As in production (tests/settings.py turns the probe off for the in-process tests).
+            'CAPACITY_REDIS_PROBE_SECONDS': '0.5',
         }
 
     # --- processes

@@ -1,0 +1,76 @@
+"""The probe that closes the skip window (capacity.breaker), on fakeredis: it closes the window once Redis
+answers, never while it doesn't, runs at most one thread per process, and is off at 0."""
+import threading
+import time
+
+import fakeredis
+import pytest
+
+from capacity.store import LaneStore, use_store
+
+
+@pytest.fixture
+def store(settings):
+    settings.CAPACITY_REDIS_RETRY_SECONDS = 15
+    settings.CAPACITY_REDIS_PROBE_SECONDS = 0.02
+    server = fakeredis.FakeServer()
+    store = use_store(LaneStore(fakeredis.FakeRedis(server=server)))
+    store.server = server
+    yield store
+    use_store(None)
+
+
+def probes_running():
+    return [thread for thread in threading.enumerate() if thread.name == 'heavy-lanes-redis-probe']
+
+
+def wait(predicate, seconds=3):
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_the_window_closes_once_redis_answers_and_the_probe_stops(store):
+    store.server.connected = False
+    store.mark_unavailable()
+    time.sleep(0.2)  # several probes, each refused
+    assert not store.is_available() and store.prober.probes >= 3
+    store.server.connected = True
+    wait(store.is_available)
+    wait(lambda: not probes_running())
+
+
+def test_one_probe_at_a_time_however_many_errors_open_the_window(store):
+    store.server.connected = False
+    for _ in range(50):
+        store.mark_unavailable()
+    assert len(probes_running()) == 1
+    store.server.connected = True
+    wait(lambda: not probes_running())
+    store.server.connected = False
+    store.mark_unavailable()  # a new error after the close starts a new probe
+    assert len(probes_running()) == 1
+    store.server.connected = True
+    wait(store.is_available)
+
+
+def test_a_window_reopened_as_the_probe_ends_gets_a_probe(store):
+    # The probe's decision to stop is taken under its lock: an error from then on starts another one.
+    for _ in range(20):
+        store.mark_unavailable()
+        wait(store.is_available)
+        store.mark_unavailable()
+        wait(store.is_available)
+    wait(lambda: not probes_running())
+
+
+def test_no_probe_at_zero_the_window_runs_its_length(store, settings):
+    settings.CAPACITY_REDIS_PROBE_SECONDS = 0
+    store.mark_unavailable()
+    time.sleep(0.1)
+    assert not store.is_available() and not probes_running() and store.prober.probes == 0
+    settings.CAPACITY_REDIS_RETRY_SECONDS = 0.05
+    store.mark_unavailable()
+    time.sleep(0.06)
+    assert store.is_available()
