@@ -41,6 +41,7 @@ from common import request_id
 from workers import lanes, lifecycle
 from workers.models import State, Work
 from workers.pool import PoolReconciler, fork_guard
+from workers.slots import SlotKeeper
 
 logger = logging.getLogger('heavy_lanes')
 
@@ -190,6 +191,7 @@ def end_timed_out(task_id=None, exception=None, **kwargs):
 
 
 _reconciler = None
+_slots = []  # the SlotKeeper of this node's main process (workers.slots)
 _served = []  # the queues this node was started for (-Q), whether it consumes them now or not
 _node = []    # this worker's node name ('<queue>@<host>')
 
@@ -247,9 +249,12 @@ def start_reconciler(sender=None, **kwargs):
         return
     _reconciler = PoolReconciler(consumer.app, consumer, consumer.hostname, queues)
     _reconciler.start()
+    _slots.append(SlotKeeper(consumer.hostname).start())  # the calls its pool runs stay counted
 
 
 @worker_shutdown.connect
 def stop_reconciler(**kwargs):
     if _reconciler is not None:
         _reconciler.stop()
+    for keeper in _slots:
+        keeper.stop()
