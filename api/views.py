@@ -16,8 +16,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api import errors, prefer
+from api.schema import (ERROR, HEAVY_PARAMETERS, HEAVY_RESPONSES, MATCH_ENTRY, NUM_RETURNED, POLL_HINT,
+                        RERANKED_ROWS, TASK)
 from api.throttles import HeavyRateThrottle
-from capacity import constants
 from capacity.admission import headers, quotas, refusal_body
 from capacity.caller import RequestFacts
 from capacity.config import get_config
@@ -106,95 +107,6 @@ def task_response(call, status_code=status.HTTP_200_OK, headers=None):
     if progress_now.poll_after is not None:
         response['Retry-After'] = str(progress_now.poll_after)
     return response
-
-
-HANDLE = inline_serializer('TaskHandle', {
-    'id': serializers.CharField(), 'state': serializers.CharField(), 'endpoint': serializers.CharField(),
-    'lane': serializers.CharField(), 'url': serializers.CharField(),
-    'created_at': serializers.DateTimeField(),
-    'estimated_start_at': serializers.DateTimeField(allow_null=True),
-    'estimated_finish_at': serializers.DateTimeField(allow_null=True)})
-TASK = inline_serializer('Task', {
-    'id': serializers.CharField(), 'state': serializers.ChoiceField(choices=State.values),
-    'endpoint': serializers.CharField(), 'lane': serializers.CharField(), 'url': serializers.CharField(),
-    'created_at': serializers.DateTimeField(), 'started_at': serializers.DateTimeField(allow_null=True),
-    'finished_at': serializers.DateTimeField(allow_null=True),
-    'estimated_start_at': serializers.DateTimeField(allow_null=True),
-    'estimated_finish_at': serializers.DateTimeField(allow_null=True),
-    'position': serializers.IntegerField(required=False),
-    'result': serializers.JSONField(required=False), 'error': serializers.CharField(required=False)})
-REFUSAL = inline_serializer('CapacityRefusal', {
-    'detail': serializers.CharField(), 'error_code': serializers.CharField(), 'scope': serializers.CharField(),
-    'paused': serializers.BooleanField(), 'retry_after': serializers.IntegerField()})
-ERROR = inline_serializer('Error', {'detail': serializers.JSONField(), 'error_code': serializers.CharField()})
-SEARCH_META = inline_serializer('SearchMeta', {
-    'search_score': serializers.FloatField(), 'search_rerank_score': serializers.FloatField(allow_null=True),
-    'search_confidence': serializers.CharField(), 'search_highlight': serializers.DictField(),
-    'match_type': serializers.ChoiceField(choices=['very_high', 'high', 'medium', 'low']),
-    'search_normalized_score': serializers.FloatField(), 'algorithm': serializers.CharField()})
-MATCHED_CONCEPTS = inline_serializer('MatchedConcept', {
-    'id': serializers.CharField(), 'type': serializers.CharField(), 'url': serializers.CharField(),
-    'version_url': serializers.CharField(), 'retired': serializers.BooleanField(),
-    'display_name': serializers.CharField(), 'search_meta': SEARCH_META}, many=True)
-MATCH_ENTRY = inline_serializer('MatchEntry', {
-    'row': serializers.DictField(), 'results': MATCHED_CONCEPTS,
-    'map_config': serializers.ListField(child=serializers.DictField()), 'filter': serializers.DictField()},
-    many=True)
-RERANKED_ROWS = {'type': 'array', 'items': {'type': 'object', 'additionalProperties': True}}
-HEAVY_RESPONSES = {
-    202: OpenApiResponse(HANDLE, description='Queued: poll the Location (/tasks/<id>/).'),
-    400: OpenApiResponse(ERROR, description='Invalid body; `detail` names the field.'),
-    422: OpenApiResponse(ERROR, description='Idempotency-Key reused with another payload.'),
-    429: OpenApiResponse(REFUSAL, description='Capacity refused (`capacity_exceeded`, Retry-After) or rate '
-                                              'limited (`rate_limited`).'),
-    503: OpenApiResponse(ERROR, description='The work queue is unavailable; nothing was submitted.'),
-}
-
-
-def response_header(name, codes, description, kind=OpenApiTypes.STR):
-    """A header the answers with these status codes carry (docs/api.md describes each)."""
-    return OpenApiParameter(name, kind, OpenApiParameter.HEADER, description=description,
-                            response=list(codes))
-
-
-GATED = (200, 202, 429)  # the answers of a gated call (not in `off` mode) carry the capacity headers
-HEAVY_RESPONSE_HEADERS = [
-    response_header('Location', [202], 'The task handle to poll: `/tasks/<id>/`.'),
-    response_header('Content-Location', [200, 400, 503], 'The task that answered, when the call ran as one '
-                                                         '(`/tasks/<id>/`; not on a lexical `$match`).'),
-    response_header('Retry-After', [202, 429, 503], 'Seconds: when to poll the handle (202), retry a refused '
-                                                    'call (429), or retry at all (503).', OpenApiTypes.INT),
-    response_header('Preference-Applied', [200, 202], 'The `Prefer` preferences honoured: `respond-async`, '
-                                                      '`wait=N` (RFC 7240).'),
-    response_header('RateLimit-Policy', GATED, 'The lanes this call took and the rate limit, as IETF '
-                                               'RateLimit policies (`q`, `qu`, `w`, `pk`).'),
-    response_header('RateLimit', GATED, 'What is left of each policy after this call (`r`), and for a full '
-                                        'one the seconds until it frees up (`t`).'),
-    response_header(constants.HEADER_DECISION, GATED,
-                    '`admitted`, `shadow-refused`, `refused`, `unavailable`, `coalesced` or `cached`.'),
-    response_header(constants.HEADER_LIMIT, GATED,
-                    "The `api_heavy` lane's limit for this call (bulk: less the single-row reserve).",
-                    OpenApiTypes.INT),
-    response_header(constants.HEADER_IN_FLIGHT, GATED, 'Leases in the `api_heavy` lane.', OpenApiTypes.INT),
-    response_header(constants.HEADER_TIER, GATED, "The caller's tier."),
-    response_header(constants.HEADER_TIER_LIMIT, GATED, "The tier's limit.", OpenApiTypes.INT),
-    response_header(constants.HEADER_TIER_IN_FLIGHT, GATED, "Leases in the tier's lane.", OpenApiTypes.INT),
-    response_header(constants.HEADER_SUGGESTED, GATED, 'How many calls this user should keep in flight now.',
-                    OpenApiTypes.INT),
-]
-HEAVY_PARAMETERS = [
-    OpenApiParameter('Idempotency-Key', OpenApiTypes.STR, OpenApiParameter.HEADER,
-                     description='Same key and payload return the same task handle.'),
-    OpenApiParameter('Prefer', OpenApiTypes.STR, OpenApiParameter.HEADER,
-                     description='`respond-async` or `wait=N` (seconds, capped by config).'),
-    OpenApiParameter('X-OCL-Event-Metadata', OpenApiTypes.STR, OpenApiParameter.HEADER,
-                     description='JSON object; `"capacity_aware": "true"` opts in to enforced 429s.'),
-    *HEAVY_RESPONSE_HEADERS,
-]
-POLL_HINT = response_header('Retry-After', [200], 'While the call is unfinished: seconds until it is '
-                            'expected to finish (when to poll again).', OpenApiTypes.INT)
-NUM_RETURNED = response_header('num_returned', [200], "OCL's count of the candidates in the answer, all "
-                               'rows together.', OpenApiTypes.INT)
 
 
 def with_count(response):
