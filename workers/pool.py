@@ -209,7 +209,29 @@ class PoolReconciler(threading.Thread):
             if self.applied.get(queue) != share or self.sizing[queue].retry(share, self.processes()):
                 self.apply(queue, share)
                 self.applied[queue] = share
+            if len(self.queues) == 1:
+                self.hold_to(share)
             self.publish(queue, share, config)
+
+    def hold_to(self, share):
+        """Take no call beyond `share` while the pool still has more processes than that.
+
+        billiard stops only idle processes, so a pool lowered while its calls ran keeps its size until they
+        end and a later shrink lands (the node kept 4 processes for 50-60 s after a change to 1), and each
+        process that finished its call took the next one. The consumer takes a message only while it
+        holds fewer requests than its controller's `max_concurrency` (else the pool's processes: Celery's
+        worker_disable_prefetch, settings.CELERY_WORKER_DISABLE_PREFETCH): set to the share, a lowered
+        width applies at the next reconcile, busy or not. Cleared once the pool is no bigger than its share,
+        so a grow, by hand or by the config, is never held back."""
+        controller = getattr(self.consumer, 'controller', None)
+        if controller is None:
+            return
+        width = share if 0 < share < self.processes() else None
+        if getattr(controller, 'max_concurrency', None) != width:
+            controller.max_concurrency = width
+            if width is not None:
+                logger.info('Lane calls on %s held to %d while the pool shrinks from %d', self.hostname, width,
+                            self.processes())
 
     def adopt_hand_resize(self, queue):
         """Make a hand resize of this node's pool the lane's limit; True when the config changed."""

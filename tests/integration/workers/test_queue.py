@@ -321,6 +321,38 @@ def test_a_node_shrunk_while_its_calls_ran_holds_no_more_calls_than_its_processe
         assert poll(client, call_id, timeout=60).json()['state'] == 'succeeded'
 
 
+def test_a_limit_lowered_while_every_process_is_busy_is_the_nodes_width_at_once(
+        start_worker, tiny_source, make_user, api_as, configure):
+    """Four calls hold a pool of four (stopped, so they stay busy), the lane is lowered to a pool of one,
+    three calls wait, and the four are let go: from then on the node runs one call at a time, though
+    billiard can only stop its processes once they are idle. Before, each process that finished took a
+    waiting call (4 at once) until a later shrink landed."""
+    worker = start_worker(name='knn', queues=('es2_knn',), concurrency=1)
+    client = api_as(make_user(is_staff=True))
+    configure(es2_knn=5)  # pool 4
+    wait_until(lambda: pool_of(worker.node) == 4, timeout=15, interval=0.3, message='the pool to grow to 4')
+    busy = [submit_long(client, tiny_source) for _ in range(4)]
+    pids = [running_pid(call_id) for call_id in busy]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        configure(es2_knn=2)  # pool 1, every process busy
+        time.sleep(3)  # the config cache (1 s) and a few reconcile intervals (0.5 s)
+        waiting = [submit(client, tiny_source).json()['id'] for _ in range(3)]
+        time.sleep(1)
+        assert Work.objects.filter(pk__in=waiting, state='queued').count() == 3
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    for call_id in busy + waiting:
+        assert poll(client, call_id, timeout=90).json()['state'] == 'succeeded'
+    works = list(Work.objects.filter(pk__in=busy + waiting))
+    for late in [work for work in works if work.pk in waiting]:
+        running = [work.pk for work in works if work.started_at <= late.started_at < work.finished_at]
+        assert running == [late.pk], (late.pk, running)  # it ran alone
+    wait_until(lambda: pool_of(worker.node) == 1, timeout=30, interval=0.3, message='the pool to shrink to 1')
+
+
 def test_a_grown_pool_forks_its_new_processes_at_once(start_worker, configure):
     """billiard forks a grown pool's processes at its next maintenance (every 5 s): the reconciler's own
     grow (workers.pool.grow_now) forks them as it grows, so a lane grown to three runs three calls now."""
