@@ -274,13 +274,22 @@ def clear_cache():
     _cache = (None, 0.0)
 
 
-def save_config(changes, user=None, source=SOURCE_API, note='', replace=False):
+class Superseded(Exception):
+    """A change made against a version that is no longer the newest (save_config's `based_on`)."""
+
+
+ANY_VERSION = object()
+
+
+def save_config(changes, user=None, source=SOURCE_API, note='', replace=False, based_on=ANY_VERSION):
     """Merge `changes` into the config in force (or into the defaults with `replace`) and save a version.
 
     Returns `(row, config, changed)`: `config` is the Config now in force, `changed` is
     `{dotted.path: [old, new]}`. When nothing changes, no row is added, nothing is logged, and `row` is the
     latest row (or None). Raises ValidationError when the result is invalid; unknown keys in `changes` are
-    rejected, not dropped.
+    rejected, not dropped. With `based_on` (a version id, None for no version yet) the change is saved only
+    if that version is still the newest, else Superseded is raised: a change computed from what a version
+    said (a hand resize's new total) is never merged onto a newer one.
     """
     with transaction.atomic():
         if connection.vendor == 'postgresql':
@@ -288,6 +297,8 @@ def save_config(changes, user=None, source=SOURCE_API, note='', replace=False):
             with connection.cursor() as cursor:
                 cursor.execute('SELECT pg_advisory_xact_lock(%s)', [ADVISORY_LOCK_ID])
         latest, previous = get_current()
+        if based_on is not ANY_VERSION and (latest.id if latest else None) != based_on:
+            raise Superseded(f'version {latest.id if latest else None} is newer than {based_on}')
         previous = previous.to_json()
         config = validate(merge(get_defaults() if replace else previous, changes))
         problems = broker_problems(Config.from_json(config), settings.CELERY_VISIBILITY_TIMEOUT)

@@ -30,7 +30,7 @@ import redis
 from celery.worker import control as worker_control
 from django.conf import settings
 
-from capacity.config import get_config
+from capacity.config import clear_cache, get_config
 from capacity.keys import nodes_key, pool_key
 from common import connections
 from common.process import ForkGuard
@@ -163,6 +163,7 @@ class PoolReconciler(threading.Thread):
         self.client = client or connections.connect('pools')
         self.applied = {}  # queue -> the share last applied
         self.sizing = {queue: Sizing() for queue in self.queues}
+        self.sized_from = {}  # queue -> the config its share was last computed from
         self.stopped = threading.Event()
 
     def run(self):
@@ -206,6 +207,7 @@ class PoolReconciler(threading.Thread):
                 if adopted:
                     self.applied.pop(queue, None)
             share = share_of(lanes.get_queue(queue).pool_size(config), nodes, self.hostname)
+            self.sized_from[queue] = config
             if self.applied.get(queue) != share or self.sizing[queue].retry(share, self.processes()):
                 self.apply(queue, share)
                 self.applied[queue] = share
@@ -234,7 +236,8 @@ class PoolReconciler(threading.Thread):
                             self.processes())
 
     def adopt_hand_resize(self, queue):
-        """Make a hand resize of this node's pool the lane's limit; True when the config changed."""
+        """Make a hand resize of this node's pool the lane's limit, or drop it for a newer config change that
+        resized the queue; True when the pool is to be re-sized from the config now in force."""
         sizing, processes = self.sizing[queue], self.processes()
         change = sizing.observe(processes)
         if not change:
@@ -243,11 +246,13 @@ class PoolReconciler(threading.Thread):
             sizing.settled = processes  # a paused lane's pool runs nothing: its size is no limit
             return False
         outcome = hand_resize.adopt(self.client, queue, self.hostname, sizing.settled, processes,
-                                    lock_seconds=self.interval * 2)
+                                    sized_from=self.sized_from.get(queue), lock_seconds=self.interval * 2)
         if outcome == hand_resize.BUSY:
             return False  # another node is saving its own: add this one to it next tick
         sizing.settled = processes
-        return outcome == hand_resize.SAVED
+        if outcome == hand_resize.SUPERSEDED:
+            clear_cache()  # size the pool from the change that superseded it, not a cached older version
+        return outcome in (hand_resize.SAVED, hand_resize.SUPERSEDED)
 
     def apply(self, queue, share):
         # Fire and forget (reply=False): the main process runs these commands and forks new pool processes

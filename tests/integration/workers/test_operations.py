@@ -205,3 +205,25 @@ def test_a_scrape_while_calls_run_has_every_series_and_agrees_with_status(
     after = scrape(client)
     assert after['heavy_lanes_calls_finished_total{queue="es2_knn",state="succeeded"}'] == 3
     assert after['heavy_lanes_lane_in_flight{lane="es2_knn"}'] == 0
+
+
+def test_a_flower_grow_racing_a_patch_ends_at_the_patchs_limit(broker, start_worker, flower, make_user, api_as):
+    """Flower grows the node 2 -> 3 (es2_knn 3 -> 4) and a PATCH sets es2_knn 5 before the reconciler saw
+    the grow: the limit ends at 5, what was asked last, and the pool at its 4. Before, the node added its
+    +1 to the PATCH's 5: 6, a number nobody asked for."""
+    worker = start_worker(name='knn', queues=('es2_knn',))
+    staff = api_as(make_user(is_staff=True))
+    wait_until(lambda: pools(staff, 'es2_knn') == {worker.node: 2}, timeout=10, interval=0.2,
+               message='pool 2 (es2_knn 3 - 1)')
+    wait_until(lambda: flower_knows(flower, worker.node), timeout=20, interval=0.5, message='Flower to see it')
+
+    assert flower_post(flower, f'/api/worker/pool/grow/{worker.node}?n=1') == 200
+    assert staff.patch('/capacity/config/', {'es2_knn': 5, 'note': 'more kNN'}, format='json').status_code == 200
+
+    wait_until(lambda: pools(staff, 'es2_knn') == {worker.node: 4}, timeout=10, interval=0.2,
+               message='pool 4 (es2_knn 5 - 1)')
+    time.sleep(2)  # four reconcile intervals: nothing more is adopted
+    assert staff.get('/capacity/config/').json()['config']['es2_knn'] == 5
+    assert pools(staff, 'es2_knn') == {worker.node: 4}
+    newest = staff.get('/capacity/config/history/').json()[0]
+    assert newest['source'] == 'api' and newest['changes']['es2_knn'][1] == 5
