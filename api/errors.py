@@ -7,6 +7,7 @@ the handlers api/urls.py names; Django uses them with DEBUG off, which is the de
 """
 import logging
 
+from django.db import DataError
 from django.http import JsonResponse
 from rest_framework import exceptions
 from rest_framework.views import exception_handler
@@ -56,6 +57,13 @@ class DatabaseUnavailable(ServiceUnavailable):
 
 
 def handle(exc, context):
+    if isinstance(exc, DataError):
+        # A value the database can't store (too long, out of range, NUL): the request's fault, not an outage.
+        # Validation refuses every such value it knows with the field's name; this is the net under it.
+        logger.warning('Input the database could not store, answering %s: %s',
+                       getattr(context.get('request'), 'path', '?'), str(exc).splitlines()[0] if str(exc) else exc)
+        exc = exceptions.ValidationError({'detail': 'A value in the request can not be stored: '
+                                                    + (str(exc).splitlines()[0][:200] if str(exc) else 'invalid')})
     if isinstance(exc, DATABASE_DOWN):
         # A write refused (disk full, read-only) or a lost connection: say what failed, not "queue down".
         logger.error('Database error answering %s: %s: %s', getattr(context.get('request'), 'path', '?'),

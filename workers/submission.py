@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import IntegrityError
+from django.db import DataError, IntegrityError
 from django.utils import timezone
 
 from capacity import counters, gate
@@ -194,8 +194,9 @@ def enqueue(heavy, admission, publish=None):
         # Another request with the same Idempotency-Key won the race: answer with its call.
         given_back(heavy, admission)
         return idempotency_winner(heavy)
-    except DATABASE_DOWN as ex:
-        # The rows couldn't be written (disk full, read-only): nothing was submitted, and that is what failed.
+    except (DataError, *DATABASE_DOWN) as ex:
+        # The rows couldn't be written (disk full, read-only; or a value the database can't store, which
+        # the API answers as the request's 400): nothing was submitted, and that is what failed.
         given_back(heavy, admission, f'{type(ex).__name__}: {ex}'[:300])
         raise
     except Exception as ex:
