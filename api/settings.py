@@ -145,6 +145,7 @@ REST_FRAMEWORK = {
     'DEFAULT_SCHEMA_CLASS': 'drf_spectacular.openapi.AutoSchema',
     'UNAUTHENTICATED_USER': 'django.contrib.auth.models.AnonymousUser',
     'EXCEPTION_HANDLER': 'api.errors.handle',
+    'DEFAULT_RENDERER_CLASSES': ['api.renderers.JSONRenderer', 'rest_framework.renderers.BrowsableAPIRenderer'],
     'DEFAULT_PARSER_CLASSES': ['api.parsers.StrictJSONParser', 'rest_framework.parsers.FormParser',
                                'rest_framework.parsers.MultiPartParser'],
     'DEFAULT_THROTTLE_RATES': {'heavy': os.environ.get('HEAVY_RATE_LIMIT', '600/min')},

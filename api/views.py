@@ -5,6 +5,7 @@ permissions, body validation, the Idempotency-Key, identical work (a warm result
 no gate), else the capacity gate, then the rate limit, then usage metering and the queue. A capacity
 refusal therefore costs no rate-limit allowance and no metered usage.
 """
+import json
 from contextlib import nullcontext
 
 from django.db import connection
@@ -25,7 +26,7 @@ from capacity.config import get_config
 from capacity.constants import MATCH, RERANK
 from common import ratelimit
 from workers import idempotency, lifecycle, submission
-from workers.models import Call, State
+from workers.models import Call, State, Work
 
 TRUTHY = ('true', '1', 'yes', 'on')
 MAX_POLL_SECONDS = 30
@@ -95,7 +96,7 @@ def task_body(call, progress_now=None):
     if seen.state == State.QUEUED:
         body['position'] = progress_now.position
     if seen.state == State.SUCCEEDED:
-        body['result'] = lifecycle.result(call)
+        body['result'] = lifecycle.result_json(call)  # written verbatim (api.renderers)
     if seen.error is not None:
         body['error'] = seen.error
     return body
@@ -109,8 +110,16 @@ def task_response(call, status_code=status.HTTP_200_OK, headers=None):
     return response
 
 
-def with_count(response):
-    """OCL's `num_returned` header on a `$match` answer: the candidates in it, all rows together."""
+def with_count(response, work=None):
+    """OCL's `num_returned` header on a `$match` answer: the candidates in it, all rows together (a stored
+    answer's count was stored with it: it isn't parsed to be counted)."""
+    if isinstance(response.data, lifecycle.StoredJSON):
+        # The work as its completion notice left it may not have it: one small read, not a parse.
+        count = Work.objects.filter(pk=work.pk).values_list('answer_count', flat=True).first()
+        if count is not None:
+            response['num_returned'] = str(count)
+            return response
+        response.data = json.loads(response.data)  # a row stored before the count was, or a `$rerank` answer
     if isinstance(response.data, list):
         response['num_returned'] = str(sum(len(entry.get('results') or []) for entry in response.data
                                            if isinstance(entry, dict)))
@@ -222,7 +231,8 @@ class HeavyCallView(APIView):
                     waited = wait
         if lifecycle.seen(call, call.work).finished and (wait or not preferences.respond_async):
             code, body = lifecycle.answer(call, result_text)
-            response = with_count(Response(body, status=code, headers={'Content-Location': task_url(call.pk)}))
+            response = with_count(Response(body, status=code, headers={'Content-Location': task_url(call.pk)}),
+                                  call.work)
             applied = preferences.applied(waited or wait)
             if applied:
                 response['Preference-Applied'] = applied

@@ -95,6 +95,9 @@ class Work(models.Model):
     error_body = models.JSONField(null=True, blank=True)
     lease_lost = models.BooleanField(default=False)
     limiter_error = models.CharField(max_length=300, blank=True, default='')  # a lease error met while running
+    # The candidates its answer holds, all rows together (OCL's `num_returned` header), stored with the result
+    # so the API answers it without parsing the result; null for rows stored before it was.
+    answer_count = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     expires_at = models.DateTimeField()  # the queue deadline: not started by then, it never runs
     started_at = models.DateTimeField(null=True, blank=True)

@@ -19,7 +19,8 @@ of the call and its work (`seen`).
   and `expire` end a work that won't run, `stopped` a cancelled one whose run has stopped; `ended` and
   `end_with_release` follow every end (counts, log lines, completion notice, the work's release).
 - upkeep, for the sweep and retention: `overdue`, `maybe_lost`, `redeliver`, `stranded`, `forget_finished`.
-- reads: `seen`, `result`, `answer`, `position`, `progress`, `wait` (with `watching`), `log_line`.
+- reads: `seen`, `result` (`result_json`: the stored text, unparsed), `answer`, `position`, `progress`,
+  `wait` (with `watching`), `log_line`.
 
 Workers and views call this package and never write a state themselves; it is the only code that reads
 stored results.
@@ -30,7 +31,8 @@ from workers.lifecycle.ending import (
     wait_stopped, worker_lease,
 )
 from workers.lifecycle.reads import (
-    Progress, Waited, admission_of, answer, log_line, position, progress, result, stored_result, wait, watching,
+    Progress, StoredJSON, Waited, admission_of, answer, log_line, position, progress, result, result_json,
+    stored_result, wait, watching,
 )
 from workers.lifecycle.running import (
     BUSY, ENDED, EXPIRE, HARD_LIMIT, RUN, SOFT_LIMIT, Failure, Start, beat, busy_retry_in, claim_first,
@@ -41,10 +43,10 @@ from workers.lifecycle.upkeep import forget_finished, maybe_lost, overdue, queue
 
 __all__ = [
     'BUSY', 'CANCELLED', 'ENDED', 'EXPIRE', 'EXPIRED', 'FAILED', 'Failure', 'HARD_LIMIT', 'Progress', 'RUN',
-    'SOFT_LIMIT', 'Seen', 'Start', 'Waited', 'admission_of', 'answer', 'beat', 'busy_retry_in', 'cancel',
-    'claim_first', 'claim_first_available', 'discard_message', 'end_unstarted', 'end_with_release', 'ended',
-    'enqueue', 'expire', 'fail', 'forget_finished', 'holder_gone', 'join', 'load', 'log_line', 'maybe_lost',
-    'note_limiter', 'overdue', 'position', 'progress', 'queued', 'queued_lease_ms', 'redeliver', 'result',
-    'seen', 'send', 'serve_cached', 'start', 'stopped', 'stored_result', 'stranded', 'succeed', 'taken_over',
-    'time_out', 'wait', 'wait_stopped', 'watching', 'worker_lease', 'worker_name',
+    'SOFT_LIMIT', 'Seen', 'Start', 'StoredJSON', 'Waited', 'admission_of', 'answer', 'beat', 'busy_retry_in',
+    'cancel', 'claim_first', 'claim_first_available', 'discard_message', 'end_unstarted', 'end_with_release',
+    'ended', 'enqueue', 'expire', 'fail', 'forget_finished', 'holder_gone', 'join', 'load', 'log_line',
+    'maybe_lost', 'note_limiter', 'overdue', 'position', 'progress', 'queued', 'queued_lease_ms', 'redeliver',
+    'result', 'result_json', 'seen', 'send', 'serve_cached', 'start', 'stopped', 'stored_result', 'stranded',
+    'succeed', 'taken_over', 'time_out', 'wait', 'wait_stopped', 'watching', 'worker_lease', 'worker_name',
 ]

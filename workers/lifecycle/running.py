@@ -146,12 +146,20 @@ def succeed(work, result, worker=None):
     finished_at = timezone.now()
     with transaction.atomic():
         if not move('succeed', work.pk, guard={'worker': worker} if worker else None, finished_at=finished_at,
-                    error=''):
+                    error='', answer_count=answer_count(result)):
             return None
         app.backend.store_result(work.pk, result, states.SUCCESS, request=getattr(current_task, 'request', None))
         joined(work)
     work.state, work.finished_at, work.error = State.SUCCEEDED, finished_at, ''
     return app.backend.encode_content(result)[2]
+
+
+def answer_count(result):
+    """The candidates in an answer, all rows together (OCL's `num_returned` on `$match`; 0 for a `$rerank`
+    answer, whose rows have none); None for an answer that isn't a list."""
+    if not isinstance(result, list):
+        return None
+    return sum(len(entry.get('results') or []) for entry in result if isinstance(entry, dict))
 
 
 def joined(work):

@@ -380,3 +380,21 @@ def test_a_config_change_the_database_refuses_is_a_503(make_user, api_as, transa
         response = client.patch('/capacity/config/', {'es2_knn': 5}, format='json')
     assert response.status_code == 503 and response.json()['error_code'] == 'database_unavailable'
     assert not CapacityConfig.objects.exists()
+
+
+def test_a_stored_answer_is_written_as_it_is_stored_and_its_count_comes_with_it(
+        in_process_worker, tiny_source, make_user, api_as, lanes_redis):
+    """The answer and the task's result are the stored JSON text, verbatim (api.renderers): a read holds the
+    text and its bytes, not its parsed objects and a rendering of them. The count was stored with it."""
+    from workers.lifecycle import stored_result
+    client = api_as(make_user())
+    response = match(client, tiny_source, HTTP_PREFER='wait=20')
+    assert response.status_code == 200, response.content
+    call = Call.objects.select_related('work').get(pk=response['Content-Location'].split('/')[-2])
+    text = stored_result(call.work_id)
+    assert response.content == text.encode()
+    assert int(response['num_returned']) == call.work.answer_count == sum(
+        len(entry['results']) for entry in json.loads(text)) > 0
+    task = client.get(response['Content-Location'])
+    assert task.content.endswith(b',"result":' + text.encode() + b'}')
+    assert task.json()['result'] == json.loads(text) and task.json()['state'] == 'succeeded'
