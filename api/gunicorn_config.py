@@ -27,3 +27,24 @@ accesslog = '-'
 errorlog = '-'
 loglevel = 'info'
 logger_class = 'api.gunicorn_logging.JsonLogger'
+
+# glibc gives a freed block back to the system only when it was mmap'ed, and by default it mmaps blocks
+# from 128 KiB up to a threshold that grows to 32 MiB as big blocks are freed: after a few large answers an
+# API process kept hundreds of MB it no longer used (bench/answer_memory.py). With the threshold fixed at
+# 1 MiB (which also stops it growing), every block that big (a stored answer's text, its slices' buffers)
+# goes back when freed. The environment's MALLOC_MMAP_THRESHOLD_ (glibc's own setting) wins.
+MMAP_THRESHOLD_BYTES = 1024 * 1024
+M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+
+
+def post_fork(server, worker):
+    if os.environ.get('MALLOC_MMAP_THRESHOLD_'):
+        return
+    import ctypes
+    import ctypes.util
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library('c'))
+        if not libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES):
+            server.log.warning('mallopt(M_MMAP_THRESHOLD) refused; freed answers may stay in the process')
+    except (OSError, AttributeError):  # not glibc (musl, macOS): its allocator decides
+        pass

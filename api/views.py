@@ -17,6 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api import errors, prefer
+from api.renderers import StreamsStoredResults
 from api.schema import (ERROR, HEAVY_PARAMETERS, HEAVY_RESPONSES, MATCH_ENTRY, NUM_RETURNED, POLL_HINT,
                         RERANKED_ROWS, TASK)
 from api.throttles import HeavyRateThrottle
@@ -119,7 +120,7 @@ def with_count(response, work=None):
         if count is not None:
             response['num_returned'] = str(count)
             return response
-        response.data = json.loads(response.data)  # a row stored before the count was, or a `$rerank` answer
+        response.data = json.loads(response.data.whole())  # a row stored before the count was
     if isinstance(response.data, list):
         response['num_returned'] = str(sum(len(entry.get('results') or []) for entry in response.data
                                            if isinstance(entry, dict)))
@@ -150,7 +151,7 @@ def idempotency_key(request):
     return key
 
 
-class HeavyCallView(APIView):
+class HeavyCallView(StreamsStoredResults, APIView):
     """A heavy call: validated, gated, throttled, metered, queued; answered 202, 200 (waited) or 429."""
 
     permission_classes = (IsAuthenticated,)
@@ -309,7 +310,7 @@ class RerankView(HeavyCallView):
         return self.submit(request, body, False, False)
 
 
-class TaskView(APIView):
+class TaskView(StreamsStoredResults, APIView):
     """GET /tasks/<id>/ (optionally ?wait=N to long-poll) and DELETE to cancel. Owner and staff only."""
 
     permission_classes = (IsAuthenticated,)

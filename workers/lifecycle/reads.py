@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from celery import states
+from django.conf import settings
 from django.db import connection
+from django.db.models.functions import Length, Substr
 from django.db.models import Q
 from django.utils import timezone
 
@@ -36,10 +38,36 @@ def stored_result(work_id):
         'result', flat=True).first()
 
 
-class StoredJSON(str):
-    """A stored result's JSON text, answered as it is stored: the API writes it into its answer verbatim
-    (api.renderers), so a read holds the text and its bytes, not the parsed objects and a rendering of them
-    (about 4 times the text on a 10 MB `$match` answer, in every API process serving one)."""
+class StoredJSON:
+    """A work's stored result as JSON text, read from the database in slices as it is sent (api.renderers):
+    an API process serving the largest answer MAX_ANSWER_BYTES admits (32 MB) holds a slice of it at a time,
+    not the text (nor, as before, its parsed objects and a rendering of them: hundreds of MB per read, kept
+    by the process after). A text a completion notice brought, or one of at most one slice, is held whole.
+    A result deleted while it is being sent (retention, days later) ends the text early."""
+
+    def __init__(self, work_id, text=None, length=None):
+        self.work_id, self.text = work_id, text
+        self.length = len(text) if text is not None else length
+
+    def __len__(self):
+        return self.length
+
+    def slices(self, size=None):
+        """The text in slices of `size` characters (RESULT_SLICE_CHARACTERS)."""
+        size = size or settings.RESULT_SLICE_CHARACTERS
+        if self.text is not None:
+            yield from (self.text[start:start + size] for start in range(0, self.length, size))
+            return
+        from django_celery_results.models import TaskResult
+        rows = TaskResult.objects.filter(task_id=self.work_id, status=states.SUCCESS)
+        for start in range(0, self.length, size):
+            part = rows.annotate(part=Substr('result', start + 1, size)).values_list('part', flat=True).first()
+            if not part:
+                return
+            yield part
+
+    def whole(self):
+        return self.text if self.text is not None else ''.join(self.slices())
 
 
 def result(call, result_text=None):
@@ -50,9 +78,17 @@ def result(call, result_text=None):
 
 
 def result_json(call, result_text=None):
-    """result(), unparsed: the StoredJSON text the API answers as it is, or None."""
-    text = result_text or stored_result(call.work_id)
-    return StoredJSON(text) if text else None
+    """result(), unparsed and unread: a StoredJSON the API sends as it is stored, or None."""
+    if result_text:
+        return StoredJSON(call.work_id, text=result_text)
+    from django_celery_results.models import TaskResult
+    length = TaskResult.objects.filter(task_id=call.work_id, status=states.SUCCESS).annotate(
+        length=Length('result')).values_list('length', flat=True).first()
+    if length is None:
+        return None
+    if length <= settings.RESULT_SLICE_CHARACTERS:
+        return StoredJSON(call.work_id, text=stored_result(call.work_id))
+    return StoredJSON(call.work_id, length=length)
 
 
 def answer(call, result_text=None):

@@ -398,3 +398,24 @@ def test_a_stored_answer_is_written_as_it_is_stored_and_its_count_comes_with_it(
     task = client.get(response['Content-Location'])
     assert task.content.endswith(b',"result":' + text.encode() + b'}')
     assert task.json()['result'] == json.loads(text) and task.json()['state'] == 'succeeded'
+
+
+def test_a_long_stored_answer_is_streamed_from_the_database_in_slices(
+        in_process_worker, tiny_source, make_user, api_as, lanes_redis, settings, django_assert_max_num_queries):
+    """Longer than a slice, the answer and the task's result are sent a slice at a time (the task's read
+    from the database as it is sent): the same bytes as stored, never the whole text in the API process."""
+    from workers.lifecycle import stored_result
+    settings.RESULT_SLICE_CHARACTERS = 64
+    client = api_as(make_user())
+    response = match(client, tiny_source, HTTP_PREFER='wait=20')
+    assert response.status_code == 200 and response.streaming
+    body = b''.join(response.streaming_content)
+    call_id = response['Content-Location'].split('/')[-2]
+    text = stored_result(Call.objects.get(pk=call_id).work_id)
+    assert body == text.encode() and len(text) > 64 * 3
+    assert int(response['num_returned']) == sum(len(entry['results']) for entry in json.loads(text))
+    task = client.get(response['Content-Location'])
+    assert task.streaming and 'Content-Length' not in task and task['Content-Type'] == 'application/json'
+    with django_assert_max_num_queries(len(text) // 64 + 2):  # one a slice
+        body = b''.join(task.streaming_content)
+    assert body.endswith(b',"result":' + text.encode() + b'}') and json.loads(body)['state'] == 'succeeded'
