@@ -53,6 +53,7 @@ bench: $(STAMP)
 	$(PY) bench/retry_after.py
 	$(PY) bench/latency.py
 	$(PY) bench/quality.py
+	$(PY) bench/answer_memory.py
 
 clean:
 	rm -rf $(VENV) var
