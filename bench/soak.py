@@ -2,7 +2,8 @@
 middle (worker kills, Redis stalls of 0.5 to 20 s, a duplicate message, a dropped ack, DELETEs racing the
 start, a flushed broker, a read-only database); then no lease left, every call ended and run once, no
 cancelled call run on, every submission answered within the documented bound during each stall, enforce
-never let a lane above its limit outside the fail-open windows, and each lane back to its pool size.
+never let a lane above its limit outside the fail-open windows (a call taken over from the killed node may
+be counted over a full lane until it ends, as docs/operations.md says), and each lane back to its pool size.
 
     .venv/bin/python bench/soak.py [--seconds 180] [--clients 16] [--terminology tiny] [--api-workers 1]
 
