@@ -30,7 +30,15 @@ def submit(client, source, rows=ROWS, semantic=True, reranker=False, headers=Non
 
 def poll(client, call_id, until=('succeeded', 'failed', 'cancelled', 'expired'), timeout=30):
     return wait_until(lambda: (lambda r: r if r.json()['state'] in until else None)(
-        client.get(f'/tasks/{call_id}/')), timeout=timeout, message=f'task {call_id} to reach {until}')
+        read_whole(client.get(f'/tasks/{call_id}/'))), timeout=timeout, message=f'task {call_id} to reach {until}')
+
+
+def read_whole(response):
+    """A streamed answer (a stored result over RESULT_SLICE_CHARACTERS) read whole, as an HTTP client reads it."""
+    if response.streaming:
+        content = b''.join(response.streaming_content)
+        response.json = lambda: json.loads(content)
+    return response
 
 
 def log_line_of(worker, call_id):
