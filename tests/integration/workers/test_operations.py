@@ -11,7 +11,7 @@ import pytest
 
 from devstack.processes import Child, free_port
 from tests.integration.workers.conftest import ROOT, wait_until
-from tests.integration.workers.test_queue import pool_of, submit
+from tests.integration.workers.test_queue import pool_of, read_whole, submit
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
@@ -200,8 +200,8 @@ def test_a_scrape_while_calls_run_has_every_series_and_agrees_with_status(
     assert metrics['heavy_lanes_full_lanes_total{decision="shadow-refused",lane="user",tier="core"}'] == 2
     assert metrics['heavy_lanes_redis_up'] == 1
     for call_id in ids:
-        wait_until(lambda call_id=call_id: user.get(f'/tasks/{call_id}/').json()['state'] == 'succeeded', timeout=60,
-                   interval=0.2, message='calls to finish')
+        wait_until(lambda call_id=call_id: read_whole(user.get(f'/tasks/{call_id}/')).json()['state'] == 'succeeded',
+                   timeout=60, interval=0.2, message='calls to finish')
     after = scrape(client)
     assert after['heavy_lanes_calls_finished_total{queue="es2_knn",state="succeeded"}'] == 3
     assert after['heavy_lanes_lane_in_flight{lane="es2_knn"}'] == 0
