@@ -15,6 +15,8 @@ from datetime import datetime
 
 import pytest
 import requests
+from requests.adapters import HTTPAdapter
+from urllib3.util import Retry
 from django.db import connection
 from django_celery_results.models import TaskResult
 
@@ -110,8 +112,14 @@ def test_a_delete_racing_the_start_never_lets_the_work_complete_or_its_leases_go
         runs is a release before the stop. When the row first says the work stopped, note whether the
         pool process that ran it is still there (then it must return from the call right away)."""
         answers = []
-        sender = threading.Thread(target=lambda: answers.append(
-            session.delete(f'{url}/tasks/{race.call_id}/', headers=headers, timeout=30)))
+
+        def send():
+            try:
+                answers.append(session.delete(f'{url}/tasks/{race.call_id}/', headers=headers, timeout=30))
+            except Exception as ex:  # noqa: BLE001 - raised below, in the client's thread, with the call named
+                answers.append(ex)
+
+        sender = threading.Thread(target=send)
         sender.start()
         gone_since = None
         deadline = time.monotonic() + 30
@@ -142,16 +150,25 @@ def test_a_delete_racing_the_start_never_lets_the_work_complete_or_its_leases_go
                 break
             time.sleep(0.002)
         sender.join(30)
+        assert answers, f'the DELETE of {race.call_id} had no answer in 30 s'
+        if isinstance(answers[0], Exception):
+            raise AssertionError(f'the DELETE of {race.call_id} failed: {answers[0]!r}')
         race.status, race.body = answers[0].status_code, answers[0].json()
 
     def client(index):
         session = requests.Session()
+        # A kept-alive connection the server closes (gunicorn's keepalive, 5 s) just as a request goes out
+        # fails that request: sent again on a new connection, as a client does. Safe for every request here:
+        # DELETE is idempotent and each POST carries its Idempotency-Key.
+        session.mount(url, HTTPAdapter(max_retries=Retry(total=2, connect=2, read=2, status=0,
+                                                         allowed_methods=None, raise_on_status=False)))
         headers = {'Authorization': f'Token {users[index].auth_token.key}'}
         try:
             for round_ in range(ROUNDS):
                 response = session.post(f'{url}/concepts/$match/?semantic=true', json={
                     'rows': distinct(ROWS), 'target_repo_url': tiny_source},
-                    headers={**headers, 'Prefer': 'respond-async'}, timeout=30)
+                    headers={**headers, 'Prefer': 'respond-async', 'Idempotency-Key': f'race-{index}-{round_}'},
+                    timeout=30)
                 assert response.status_code == 202, response.content
                 race = Race(response.json()['id'], delay=DELAYS[(round_ + index) % len(DELAYS)])
                 if round_ % 2:  # just as a worker picks it up (or a moment later)
