@@ -114,10 +114,10 @@ def report(args, *, stack, tag, limit_of, cfg, faults, stalls, generators, posts
             ends[line['task_id']] += 1
             if line['state'] == 'succeeded':
                 succeeded_lines[line['task_id']] += 1
-    taken_over = Counter(match for log in logs if log.path.name.startswith('worker-')
-                         for match in TAKEN_OVER.findall(log.output()))
+    taken_while_running = Counter(match for log in logs if log.path.name.startswith('worker-')
+                                  for match in TAKEN_OVER.findall(log.output()))
     ran_twice = sorted({tid for tid, n in succeeded_lines.items() if n > 1} | set(results_twice))
-    run_at_once = sorted(taken_over)
+    run_at_once = sorted(taken_while_running)
     ends_twice = {cid: n for cid, n in ends.items() if n > 1}
     # A call whose end no process could log: a revoke that met the database fault in the worker's main
     # process (its leases then expire on their own). Reported, not a duplicate.
