@@ -226,7 +226,7 @@ class HeavyCallView(StreamsStoredResults, APIView):
         on the call's work, registered before it was published."""
         waited, result_text = 0, None
         if wait and not lifecycle.seen(call, call.work).finished:
-            with submission.waiting_slot(self.request.user, wait, facts) as allowed:
+            with submission.waiting_slot(self.request.user, wait, facts, call.endpoint, call.rows) as allowed:
                 if allowed:
                     result_text = lifecycle.wait(call, wait, watch=watch, for_answer=True).result_text
                     waited = wait
@@ -334,7 +334,8 @@ class TaskView(StreamsStoredResults, APIView):
             raise errors.exceptions.ValidationError({'wait': ['Must be a whole number of seconds.']}) from None
         wait = max(0, min(wait, get_config().wait.max_seconds, MAX_POLL_SECONDS))
         if wait and not lifecycle.seen(call, call.work).finished:
-            with submission.waiting_slot(request.user, wait, RequestFacts.from_meta(request.META)) as allowed:
+            with submission.waiting_slot(request.user, wait, RequestFacts.from_meta(request.META), call.endpoint,
+                                         call.rows) as allowed:
                 if allowed:  # else this host's waiting slots are taken: answer now, the client polls
                     lifecycle.wait(call, wait)  # keeps the fields the answer shows up to date
         return task_response(call)
