@@ -42,6 +42,8 @@ class Phase:
     errors: int = 0
     refusals: int = 0
     handles: int = 0  # 202s a waiting client got instead of its answer (it then polled for it)
+    bulk_run_ms: list = field(default_factory=list)      # each bulk call's own work, ms
+    bulk_latency_ms: list = field(default_factory=list)  # each bulk call, sent -> answered, ms
 
     def p99(self, trickle):
         return percentile(self.latency_ms[trickle], 99)
@@ -70,6 +72,8 @@ def detail(phase):
         **{f'{name}_p50_ms': rounded(phase.p50(name)) for name in TRICKLES},
         **{f'{name}_n': len(phase.latency_ms[name]) for name in TRICKLES},
         'single_runs_n': len(phase.run_ms), 'bulk_rows': phase.bulk_rows, 'refusals': phase.refusals,
+        'bulk_run_p50_ms': rounded(percentile(phase.bulk_run_ms, 50)),
+        'bulk_p50_ms': rounded(percentile(phase.bulk_latency_ms, 50)),
         'handles': phase.handles, 'seconds': phase.seconds,
     }
 
