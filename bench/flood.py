@@ -20,7 +20,10 @@ own run p99 (the in-request view's X-Run-Ms; a Heavy Lanes work's started -> fin
 p50s, refusals and handles in `detail`. Targets are checked for Heavy Lanes at the largest N.
 
     .venv/bin/python bench/flood.py [--users 2,8,32] [--seconds 25] [--idle-seconds 15]
-                                    [--worlds in_request,heavy_lanes]
+                                    [--worlds in_request,heavy_lanes] [--es2-knn N] [--name flood]
+
+`--es2-knn N` runs Heavy Lanes with that es2_knn limit instead of the default (its bulk pool: N - 1), to
+see how much of a bulk gap is the number of processes; `--name` names the output (bench/out/<name>.json).
 """
 import argparse
 import os
@@ -232,10 +235,10 @@ def start_sync_server(stack):
     return f'http://127.0.0.1:{port}'
 
 
-def run_world(name, users, seconds, idle_seconds):
+def run_world(name, users, seconds, idle_seconds, config=None):
     """{N: FIG} and {N or 'idle': detail} of one world, each phase's load averages beside it."""
     in_request = name == 'in_request'
-    stack = Stack(api_workers=1 if in_request else API_WORKERS, lanes={} if in_request else None)
+    stack = Stack(api_workers=1 if in_request else API_WORKERS, lanes={} if in_request else None, config=config)
     with stack:
         if in_request:
             world = World(name, start_sync_server(stack), '/bench/inrequest/$match/?semantic=true')
@@ -273,24 +276,28 @@ def main():
     parser.add_argument('--seconds', type=float, default=25, help='measured length of each phase')
     parser.add_argument('--idle-seconds', type=float, default=15)
     parser.add_argument('--worlds', default='in_request,heavy_lanes')
+    parser.add_argument('--es2-knn', type=int, help="Heavy Lanes' es2_knn limit (default: the config's)")
+    parser.add_argument('--name', default='flood', help='bench/out/<name>.json')
     args = parser.parse_args()
     print('$', ' '.join([os.path.relpath(sys.executable), *sys.argv]), flush=True)
     users = [int(n) for n in args.users.split(',')]
     results, details = {}, {}
+    lanes = {'es2_knn': args.es2_knn} if args.es2_knn else None
     for name in args.worlds.split(','):
-        results[name], details[name] = run_world(name, users, args.seconds, args.idle_seconds)
+        results[name], details[name] = run_world(name, users, args.seconds, args.idle_seconds,
+                                                 None if name == 'in_request' else lanes)
     met = {}
     if 'in_request' in results and 'heavy_lanes' in results:
         met = targets(results['in_request'], results['heavy_lanes'], max(users))
         for check, line in met.items():
             print(f"target {check}: {line['value']} vs {line['bound']} -> {'met' if line['met'] else 'NOT met'}")
     assert all(tuple(fig) == FIG_KEYS for world in results.values() for fig in world.values())
-    write('flood', {**{name: {str(n): fig for n, fig in figs.items()} for name, figs in results.items()},
+    write(args.name, {**{name: {str(n): fig for n, fig in figs.items()} for name, figs in results.items()},
                     'detail': details, 'targets': met,
                     'settings': {'bulk_rows': BULK_ROWS, 'in_flight': IN_FLIGHT, 'trickle_seconds': TRICKLE_SECONDS,
                                  'warm_seconds': WARM_SECONDS, 'seconds': args.seconds,
                                  'idle_seconds': args.idle_seconds, 'sync_workers': SYNC_WORKERS,
-                                 'api_workers': API_WORKERS}})
+                                 'api_workers': API_WORKERS, 'es2_knn': args.es2_knn}})
 
 
 if __name__ == '__main__':
