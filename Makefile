@@ -54,6 +54,7 @@ bench: $(STAMP)
 	$(PY) bench/latency.py
 	$(PY) bench/quality.py
 	$(PY) bench/answer_memory.py
+	$(PY) bench/flood.py
 
 clean:
 	rm -rf $(VENV) var

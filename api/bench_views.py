@@ -12,6 +12,14 @@ register `bench_match` too.
   `bench_match.apply_async(...)` on the lane queue the heavy call would use (what `.delay()` does, with the
   queue named), the same broker and app; a 202 with the task id. No gate, rate limit, row, shared work or
   capacity headers.
+- `POST /bench/durable/?semantic=true` — the submission floor with the heavy call's guarantee
+  (bench/submission.py): the body validated as `/bench/delay/` does, then, in one transaction, a durable row
+  (django-celery-results' `TaskResult`, PENDING, with the payload) and `bench_match.delay`-style publish on
+  commit (`transaction.on_commit` + `apply_async` on the lane queue, task id = the row's): the row exists
+  before the 202, and a message is sent only for a row that committed. No gate, rate limit or shared work.
+- `POST /bench/inrequest/$match/?semantic=true` — the in-request world (bench/flood.py): OCL's `$match` as
+  the seed ran it, the domain work inside the request, on whatever server runs it (the flood runs gunicorn
+  sync workers, as OCL's API containers do); 200 with OCL's answer, `X-Run-Ms` the work's own time.
 - `POST /bench/roundtrip/?semantic=true[&interval=0.005]` — the round-trip floor (bench/roundtrip.py): the
   same body as `$match`, validated by the same function, then `bench_match.apply_async(...).get()` on the
   lane queue the heavy call would use, the same broker, workers and result backend (django-db). `interval`
@@ -37,9 +45,12 @@ this module keeps its database connections between tasks (closing only unusable 
 CONN_MAX_AGE), as the proposed `CELERY_DB_REUSE_MAX` setting would, instead of Celery's Django fixup closing
 every connection before and after every task.
 """
+import json
 import os
+import time
 import uuid
 
+from django.db import transaction
 from django.urls import path
 from django.utils import timezone
 from rest_framework import status
@@ -98,6 +109,39 @@ class DelaySubmitView(APIView):
         url = f'/tasks/{task.id}/'
         return Response({'id': task.id, 'state': 'queued', 'url': url}, status=status.HTTP_202_ACCEPTED,
                         headers={'Location': url})
+
+
+class DurableSubmitView(APIView):
+    """Validate a `$match` body, write its row and publish it when the row commits, answer 202."""
+
+    permission_classes = (IsAuthenticated,)
+
+    def post(self, request):
+        from django_celery_results.models import TaskResult
+        body, semantic, reranker, queue = prepared(request)
+        task_id = uuid.uuid4().hex
+        args = [body, semantic, reranker]
+        with transaction.atomic():
+            TaskResult.objects.create(task_id=task_id, status='PENDING', task_name=bench_match.name,
+                                      task_args=json.dumps(args))
+            transaction.on_commit(lambda: bench_match.apply_async(args=args, task_id=task_id, queue=queue))
+        url = f'/tasks/{task_id}/'
+        return Response({'id': task_id, 'state': 'queued', 'url': url}, status=status.HTTP_202_ACCEPTED,
+                        headers={'Location': url})
+
+
+class InRequestMatchView(APIView):
+    """`$match` run inside the request, as the seed ran it: validate, run, answer 200 with OCL's body."""
+
+    permission_classes = (IsAuthenticated,)
+
+    def post(self, request):
+        from concepts import services
+        body, semantic, reranker, _ = prepared(request)
+        started = time.perf_counter()
+        answer = services.run_match(body, semantic=semantic, reranker=reranker)
+        run_ms = (time.perf_counter() - started) * 1000
+        return Response(answer, headers={'X-Run-Ms': f'{run_ms:.1f}'})
 
 
 class BareRoundTripView(APIView):
@@ -169,5 +213,7 @@ if os.environ.get('HEAVY_LANES_BENCH_DB_REUSE') == '1':
 urlpatterns = [
     path('submit/', BareSubmitView.as_view(), name='bench-submit'),
     path('delay/', DelaySubmitView.as_view(), name='bench-delay'),
+    path('durable/', DurableSubmitView.as_view(), name='bench-durable'),
+    path('inrequest/$match/', InRequestMatchView.as_view(), name='bench-inrequest-match'),
     path('roundtrip/', BareRoundTripView.as_view(), name='bench-roundtrip'),
 ]

@@ -127,9 +127,10 @@ def with_count(response, work=None):
     return response
 
 
-def accepted(call):
-    """202 with the handle, and Retry-After: when to poll it first (the call's expected finish)."""
-    progress_now = lifecycle.progress(call)
+def accepted(call, just_published=False):
+    """202 with the handle, and Retry-After: when to poll it first (the call's expected finish).
+    `just_published`: this request published the call's work a moment ago (lifecycle.progress)."""
+    progress_now = lifecycle.progress(call, just_published)
     headers = {'Location': task_url(call.pk)}
     if progress_now.poll_after is not None:
         headers['Retry-After'] = str(progress_now.poll_after)
@@ -194,7 +195,8 @@ class HeavyCallView(StreamsStoredResults, APIView):
                 return Response(refusal_body(self.admission), status=status.HTTP_429_TOO_MANY_REQUESTS)
             own = call.pk == heavy.call_id  # else this Idempotency-Key's earlier call (no capacity headers)
             self.admission = lifecycle.admission_of(call) if own else None
-            return self.answer(call, wait, preferences, facts, watch if call.work_id == heavy.call_id else None)
+            published = call.work_id == heavy.call_id  # this request published the call's work
+            return self.answer(call, wait, preferences, facts, watch if published else None, published)
 
     def serve(self, heavy):
         """The call of `heavy`: shared work, else the gate, the rate limit and the queue, in that order;
@@ -219,14 +221,14 @@ class HeavyCallView(StreamsStoredResults, APIView):
         except submission.BrokerUnavailable as ex:
             raise errors.ServiceUnavailable(str(ex)) from ex
 
-    def answer(self, call, wait, preferences, facts, watch=None):
+    def answer(self, call, wait, preferences, facts, watch=None, published=False):
         """What the in-request endpoint would have answered, once the call ended within `wait` seconds; a
         handle (202) for a client that asked for one at once (`respond-async` without `wait=N`), when the
         wait ran out, or when this host can't hold another waiting request. `watch`: this request's watch
-        on the call's work, registered before it was published."""
+        on the call's work, registered before it was published; `published`: this request published it."""
         waited, result_text = 0, None
         if wait and not lifecycle.seen(call, call.work).finished:
-            with submission.waiting_slot(self.request.user, wait, facts) as allowed:
+            with submission.waiting_slot(self.request.user, wait, facts, call.endpoint, call.rows) as allowed:
                 if allowed:
                     result_text = lifecycle.wait(call, wait, watch=watch, for_answer=True).result_text
                     waited = wait
@@ -240,7 +242,7 @@ class HeavyCallView(StreamsStoredResults, APIView):
             if code == status.HTTP_503_SERVICE_UNAVAILABLE:
                 response['Retry-After'] = str(errors.SERVICE_RETRY_SECONDS)
             return response
-        response = accepted(call)
+        response = accepted(call, just_published=published and not waited)
         applied = preferences.applied(0)
         if applied:
             response['Preference-Applied'] = applied
@@ -334,7 +336,8 @@ class TaskView(StreamsStoredResults, APIView):
             raise errors.exceptions.ValidationError({'wait': ['Must be a whole number of seconds.']}) from None
         wait = max(0, min(wait, get_config().wait.max_seconds, MAX_POLL_SECONDS))
         if wait and not lifecycle.seen(call, call.work).finished:
-            with submission.waiting_slot(request.user, wait, RequestFacts.from_meta(request.META)) as allowed:
+            with submission.waiting_slot(request.user, wait, RequestFacts.from_meta(request.META), call.endpoint,
+                                         call.rows) as allowed:
                 if allowed:  # else this host's waiting slots are taken: answer now, the client polls
                     lifecycle.wait(call, wait)  # keeps the fields the answer shows up to date
         return task_response(call)

@@ -36,7 +36,8 @@ def main():
     from capacity import gate as capacity_gate
     from capacity.config import clear_cache, save_config
     from capacity.keys import expired_key, hold_field, holds_key, lane_key
-    from capacity.store import LaneStore, read_script, use_store
+    from capacity.operations import read_script
+    from capacity.store import LaneStore, use_store
     from workers.lanes import get_queue
 
     many = dict.fromkeys(('staff', 'core', 'early_access', 'preview'), HIGH)

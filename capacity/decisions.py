@@ -73,7 +73,8 @@ def call_limit(config, lane, call):
 def lanes_for(config, call, enforced=False):
     """The lanes `call` takes, in order, with this call's limit in each."""
     if call.wait_slot:
-        return [LaneLimit(Lane.API_HEAVY_TASK, (call.host,), lane_limit(config, Lane.API_HEAVY_TASK))]
+        # A host full of bulk calls' waiting requests still holds a single-row call's (the reserve).
+        return [LaneLimit(Lane.API_HEAVY_TASK, (call.host,), call_limit(config, Lane.API_HEAVY_TASK, call))]
     lanes = [LaneLimit(Lane.API_HEAVY, (), call_limit(config, Lane.API_HEAVY, call))]
     if call.semantic:
         lanes.append(LaneLimit(Lane.ES2_KNN, (), call_limit(config, Lane.ES2_KNN, call)))

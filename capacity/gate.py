@@ -13,7 +13,8 @@ counted: the decision is None, with no headers and no log line.
 
 A request that waits for a call's result (a waiting POST, a long poll) is admitted the same way, with
 `wait_slot=True`: it takes a slot in this API host's lane alone, never forced, so the host's cap holds in
-shadow mode too.
+shadow mode too; with the `endpoint` and `rows` of the call it waits for, so a single-row call's request may
+use the single-row reserve there and a bulk call's may not.
 """
 import dataclasses
 import uuid

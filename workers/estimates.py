@@ -4,10 +4,11 @@ A queue's pool runs `pool` calls at once, and its calls run `run_s` seconds on a
 release: capacity.keys.run_field). A running call is expected to end `run_s` after it started; one that
 already ran longer has no estimate (it is slower than usual, and when it ends is unknown). A queued call at
 `position` starts when `position` calls have left a worker: the workers free up as their running calls end,
-and each call that starts on one holds it `run_s` more. The poll hint is the time until the expected
-finish, in whole seconds between a minimum and a maximum.
+and each call that starts on one holds it `run_s` more. Every worker is free within `run_s`, so the calls
+ahead take the workers round by round in the order they free up: the estimate is O(pool), not O(position)
+(a 202 at the end of a queue thousands deep is answered as fast as one at its head). The poll hint is the
+time until the expected finish, in whole seconds between a minimum and a maximum.
 """
-import heapq
 import math
 from dataclasses import dataclass
 
@@ -38,13 +39,14 @@ def queued(position, pool, run_s, running_elapsed=()):
     """
     if run_s is None or pool < 1 or position is None or position < 1:
         return UNKNOWN
-    # When each worker is next free: a running call's expected rest (0 when it is overdue), else now.
-    free_at = sorted(max(run_s - elapsed, 0.0) for elapsed in running_elapsed)[:pool]
-    free_at += [0.0] * (pool - len(free_at))
-    heapq.heapify(free_at)
-    for _ in range(position - 1):  # the calls ahead of it take the first free workers
-        heapq.heappush(free_at, heapq.heappop(free_at) + run_s)
-    start_in = free_at[0]
+    # When each worker is next free: a running call's expected rest (0 when it is overdue; never more than a
+    # whole run), else now. The soonest `pool` of them: more run than the pool after a shrink.
+    free_at = sorted(min(max(run_s - elapsed, 0.0), run_s) for elapsed in running_elapsed)[:pool]
+    free_at = [0.0] * (pool - len(free_at)) + free_at
+    # Each free time is within one run of now, so a worker freed again (a run later) is free after every
+    # other worker's present free time: the calls ahead take the workers in rounds, in this order.
+    rounds, turn = divmod(position - 1, pool)
+    start_in = free_at[turn] + rounds * run_s
     return Estimate(start_in=start_in, finish_in=start_in + run_s)
 
 

@@ -163,6 +163,18 @@ def discard(call_id, queue, client=None):
     return removed
 
 
+def ahead(queue, priority, client=None):
+    """Messages waiting in `queue`'s lists at `priority`'s level and the levels that run before it (lower
+    numbers first): for a message of that priority published last, its place. O(levels) LLENs."""
+    client = client or broker()
+    steps = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get('priority_steps', [0, 3, 6, 9])
+    pipe = client.pipeline(transaction=False)
+    for step, name in zip(steps, lists(queue)):
+        if step <= priority:
+            pipe.llen(name)
+    return sum(pipe.execute())
+
+
 def depth(queue, client=None):
     """Messages waiting in `queue`'s lists (every priority level)."""
     client = client or broker()

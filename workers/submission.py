@@ -229,13 +229,16 @@ def end_in_api(admission, heavy, state, error=None):
 
 
 @contextmanager
-def waiting_slot(user, seconds, facts=NO_FACTS):
-    """Yield whether this request may wait `seconds` for a call's result (a waiting POST, a long poll).
+def waiting_slot(user, seconds, facts=NO_FACTS, endpoint='', rows=0):
+    """Yield whether this request may wait `seconds` for the result of a call to `endpoint` of `rows` rows
+    (a waiting POST, a long poll).
 
     A waiting request holds one of its API process's threads. Two bounds keep waiting from taking all of
     them, in every mode: this process's own (API_WAITING_PER_PROCESS of its API_THREADS, so /healthz and
     short requests always find a thread), and this host's api_heavy_task lane through the gate, never
-    forced (`api_heavy.per_task`: what the host's processes hold together). When either is full the request
+    forced (`api_heavy.per_task`: what the host's processes hold together; a bulk call's request only up to
+    per_task - reserve_single_row, so single-row calls' requests still wait under a bulk flood, as in the
+    other lanes a single-row call takes). When either is full the request
     doesn't wait: it is answered at once (a handle, or the current state). When the limiter is off or can't
     count, the process's own bound still holds.
     """
@@ -247,7 +250,8 @@ def waiting_slot(user, seconds, facts=NO_FACTS):
         config = get_config()
         # A slot lasts lease_seconds and this process renews it while the request waits: a process that
         # dies mid-wait gives its slots back within lease_seconds, not at the end of the longest wait.
-        admission = gate.admit(user, wait_slot=True, facts=facts, lease_ms=config.lease_seconds * 1000)
+        admission = gate.admit(user, endpoint=endpoint, rows=rows, wait_slot=True, facts=facts,
+                               lease_ms=config.lease_seconds * 1000)
         lease = admission.lease()
         keeper = get_keeper()
         keeper.keep(lease, every=config.renew_seconds, until=time.time() + seconds + WAIT_SLOT_SLACK_SECONDS)

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+import redis
 from celery import states
 from django.conf import settings
 from django.db import connection
@@ -20,7 +21,7 @@ from capacity.config import get_config
 from capacity.keys import run_field
 from capacity.logs import emit
 from capacity.store import get_store
-from workers import estimates, lanes, notify
+from workers import estimates, lanes, messages, notify
 from workers.lifecycle.seen import CANCELLED, EXPIRED, seen
 from workers.models import State, Work
 
@@ -114,6 +115,19 @@ def position(work):
     return ahead + 1
 
 
+def published_position(work):
+    """The place of a work whose message was just published: the messages waiting in its queue at its
+    priority and before it, its own included (messages.ahead, a few LLENs), where `position` counts the
+    queued rows, which grows with the queue (2.5 ms a 202 with a queue of a few thousand). It leaves out the
+    few messages a worker took and hasn't started yet. The row count when the broker can't be read."""
+    if work.state != State.QUEUED:
+        return None
+    try:
+        return max(messages.ahead(work.queue, work.priority), 1)
+    except redis.RedisError:
+        return position(work)
+
+
 def run_seconds(queue):
     """The measured mean run time of `queue`'s calls, s (capacity.keys.run_field), or None: nothing
     measured yet, or the lane store can't say (a hint is never worth an error)."""
@@ -151,14 +165,15 @@ class Progress:
     poll_after: int | None = None
 
 
-def progress(call):
+def progress(call, just_published=False):
     """The Progress of `call` now: its work's position, its queue's measured estimate and the poll hint from
-    it. Without a measured run time the hint is 1 s while running, else about the position (1–10 s)."""
+    it. Without a measured run time the hint is 1 s while running, else about the position (1–10 s).
+    `just_published`: this request published the call's work a moment ago (published_position)."""
     work = call.work
     now_seen = seen(call, work)
     if now_seen.finished:
         return Progress()
-    place = position(work)
+    place = published_position(work) if just_published else position(work)
     now = timezone.now()
     config = get_config()
     expected = estimate(work, place=place, now=now, config=config)

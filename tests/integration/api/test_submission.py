@@ -332,7 +332,7 @@ def test_a_call_that_fails_is_refunded(start_worker, tiny_source, make_user, api
 def test_long_polls_share_this_hosts_waiting_slots_and_answer_at_once_when_they_are_taken(
         broker, lanes_redis, tiny_source, make_user, api_as, configure):
     import time
-    configure(api_heavy={'cluster': 4, 'per_task': 1})
+    configure(api_heavy={'cluster': 4, 'per_task': 2})  # a bulk call's waits: 2 - the reserve of 1
     client = api_as(make_user())
     call_id = match(client, tiny_source).json()['id']  # queued; no worker runs
     holder = threading.Thread(target=lambda: client.get(f'/tasks/{call_id}/?wait=3'))
@@ -345,6 +345,27 @@ def test_long_polls_share_this_hosts_waiting_slots_and_answer_at_once_when_they_
     assert second.status_code == 200 and second.json()['state'] == 'queued'
     holder.join(10)
     assert lanes_redis.zcard(lane_key(Lane.API_HEAVY_TASK, 'test-host')) == 0  # released after
+
+
+def test_a_single_row_calls_long_poll_waits_on_a_host_whose_bulk_waits_are_full(
+        broker, lanes_redis, tiny_source, make_user, api_as, configure):
+    import time
+    configure(api_heavy={'cluster': 4, 'per_task': 2})  # bulk waits: 1; the reserve: 1
+    client = api_as(make_user())
+    bulk_id = match(client, tiny_source).json()['id']  # queued; no worker runs
+    single_id = match(client, tiny_source, rows=[{'name': 'chest pain'}]).json()['id']
+    holder = threading.Thread(target=lambda: client.get(f'/tasks/{bulk_id}/?wait=3'))
+    holder.start()
+    slots = lane_key(Lane.API_HEAVY_TASK, 'test-host')
+    wait_until(lambda: lanes_redis.zcard(slots) == 1, timeout=5, interval=0.01,
+               message="the bulk call's long poll to take the bulk share")
+    assert client.get(f'/tasks/{bulk_id}/?wait=3').json()['state'] == 'queued'  # no bulk wait is left
+    started = time.monotonic()
+    single = client.get(f'/tasks/{single_id}/?wait=1')
+    assert time.monotonic() - started >= 0.9  # it waited, in the reserve
+    assert single.status_code == 200 and single.json()['state'] == 'queued'
+    holder.join(10)
+    assert lanes_redis.zcard(slots) == 0
 
 
 @contextlib.contextmanager

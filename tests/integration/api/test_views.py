@@ -140,6 +140,20 @@ def test_anonymous_heavy_calls_are_401(client, db):
     assert client.post('/concepts/$match/?semantic=true', {}, content_type='application/json').status_code == 401
 
 
+def test_a_handles_first_poll_hint_is_its_place_in_the_queue_earlier_tiers_first(
+        broker, lanes_redis, tiny_source, make_user, api_as, configure):
+    many = {'staff': 9, 'core': 9, 'early_access': 9, 'preview': 9}
+    configure(per_user=many, tiers=many)
+    preview, staff = api_as(make_user()), api_as(make_user(is_staff=True))
+    rows = [[{'name': name}, {'name': 'b'}] for name in 'vwxyz']  # each call its own work
+    hints = [match(preview, tiny_source, rows=rows[i])['Retry-After'] for i in range(3)]
+    assert hints == ['1', '2', '3']  # nothing measured yet: the place (1-10 s)
+    assert match(staff, tiny_source, rows=rows[3])['Retry-After'] == '1'  # a staff call runs before them
+    last = match(preview, tiny_source, rows=rows[4])
+    assert last['Retry-After'] == '5'
+    assert preview.get(f'/tasks/{last.json()["id"]}/').json()['position'] == 5  # the rows say the same
+
+
 def test_status_view(broker, lanes_redis, tiny_source, make_user, api_as):
     match(api_as(make_user()), tiny_source)
     status = api_as(make_user(is_staff=True)).get('/capacity/status/').json()

@@ -111,11 +111,23 @@ def test_each_api_host_has_its_own_waiting_slots_and_they_are_never_forced(
     configure(mode=mode, enforce_for='all', api_heavy={'cluster': 4, 'per_task': 2})
     user = make_user('core_user')
     settings.CAPACITY_TASK_ID = 'host-a'
-    slots = [gates(user, wait_slot=True, lease_ms=60_000) for _ in range(3)]
+    slots = [gates(user, endpoint='$match', rows=1, wait_slot=True, lease_ms=60_000) for _ in range(3)]
     assert [slot.decision for slot in slots] == [Decision.ADMITTED, Decision.ADMITTED, Decision.REFUSED]
     assert slots[2].limits == {Lane.API_HEAVY_TASK: 2} and not slots[2].holding  # shadow mode too
     settings.CAPACITY_TASK_ID = 'host-b'
-    assert gates(user, wait_slot=True, lease_ms=60_000).decision == Decision.ADMITTED
+    assert gates(user, endpoint='$match', rows=1, wait_slot=True, lease_ms=60_000).decision == Decision.ADMITTED
+
+
+@pytest.mark.parametrize('mode', ['shadow', 'enforce'])
+def test_a_host_full_of_bulk_waits_still_holds_a_single_row_calls_wait(mode, make_user, gates, configure):
+    configure(mode=mode, enforce_for='all', reserve_single_row=1, api_heavy={'cluster': 4, 'per_task': 3})
+    user = make_user('core_user')
+    bulk = [gates(user, endpoint='$match', rows=20, wait_slot=True, lease_ms=60_000) for _ in range(3)]
+    assert [slot.decision for slot in bulk] == [Decision.ADMITTED, Decision.ADMITTED, Decision.REFUSED]
+    assert bulk[2].limits == {Lane.API_HEAVY_TASK: 2}  # per_task - the reserve
+    single = gates(user, endpoint='$match', rows=1, wait_slot=True, lease_ms=60_000)
+    assert single.decision == Decision.ADMITTED and single.limits == {Lane.API_HEAVY_TASK: 3}
+    assert gates(user, endpoint='$match', rows=1, wait_slot=True, lease_ms=60_000).decision == Decision.REFUSED
     assert Lane.API_HEAVY_TASK not in gates(user, semantic=False, reranker=True, waits=True).limits
 
 

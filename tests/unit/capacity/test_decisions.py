@@ -38,8 +38,12 @@ def test_single_row(endpoint, rows, single):
     (call(reranker=True), [(A, (), 3), (R, ('preview',), 2), (U, (7,), 1)]),
     # a call whose request waits takes no host lane itself: the waiting takes a slot of its own (below)
     (call(waits=True, tier='core'), [(A, (), 3), (R, ('core',), 4), (U, (7,), 3)]),
-    # a waiting request (a waiting POST, a long poll): this host's lane, its whole limit
-    (call(endpoint='', rows=0, wait_slot=True), [(T, ('h1',), 64)]),
+    # a waiting request (a waiting POST, a long poll) for a bulk call: this host's lane, its bulk share
+    (call(wait_slot=True), [(T, ('h1',), 63)]),
+    # ... for a single-row call: the whole lane (the reserve keeps a host full of bulk waits open to it)
+    (call(rows=1, wait_slot=True), [(T, ('h1',), 64)]),
+    # ... for nothing known (no endpoint, no rows): bulk
+    (call(endpoint='', rows=0, wait_slot=True), [(T, ('h1',), 63)]),
 ])
 def test_lanes_and_limits(the_call, expected):
     assert [(item.lane, item.parts, item.limit) for item in lanes_for(config(), the_call)] == expected

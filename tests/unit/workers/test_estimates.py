@@ -1,4 +1,7 @@
 """When a call should start and finish, and the poll hint: pure tables, no database, no Redis."""
+import heapq
+import itertools
+
 import pytest
 
 from workers.estimates import UNKNOWN, Estimate, poll_after, queued, running
@@ -14,12 +17,33 @@ from workers.estimates import UNKNOWN, Estimate, poll_after, queued, running
     (1, 1, 4.0, (9.0,), Estimate(0.0, 4.0)),          # an overdue run may end any moment
     (1, 1, 4.0, (1.0, 2.0), Estimate(2.0, 6.0)),      # more running than the pool (a shrink): the soonest
     (5, 1, 0.03, (), Estimate(0.12, 0.15)),
+    (1001, 2, 4.0, (1.0, 3.0), Estimate(2001.0, 2005.0)),  # deep in the queue: 500 rounds of both workers
+    (1, 2, 4.0, (-2.0,), Estimate(0.0, 4.0)),         # a start stamped in the future holds at most a run
 ])
 def test_a_queued_call_starts_when_the_calls_ahead_have_left_a_worker(position, pool, run_s, elapsed,
                                                                        expected):
     got = queued(position, pool, run_s, elapsed)
     assert got.start_in == pytest.approx(expected.start_in)
     assert got.finish_in == pytest.approx(expected.finish_in)
+
+
+def one_by_one(position, pool, run_s, running_elapsed):
+    """The calls ahead handed to the first free worker one at a time: what the estimate must equal."""
+    free_at = sorted(min(max(run_s - elapsed, 0.0), run_s) for elapsed in running_elapsed)[:pool]
+    free_at += [0.0] * (pool - len(free_at))
+    heapq.heapify(free_at)
+    for _ in range(position - 1):
+        heapq.heappush(free_at, heapq.heappop(free_at) + run_s)
+    return free_at[0]
+
+
+@pytest.mark.parametrize('pool, elapsed', [
+    (1, ()), (3, ()), (3, (0.5,)), (3, (0.5, 2.9, 1.2)), (2, (0.1, 0.2, 3.5)), (4, (3.0, 3.0, 0.0, 9.0)),
+])
+def test_the_estimate_is_the_calls_ahead_taking_the_first_free_worker_one_by_one(pool, elapsed):
+    for position, run_s in itertools.product(range(1, 40), (0.03, 3.0)):
+        assert queued(position, pool, run_s, elapsed).start_in == pytest.approx(
+            one_by_one(position, pool, run_s, elapsed)), (position, run_s)
 
 
 @pytest.mark.parametrize('position, pool, run_s', [
