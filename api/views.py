@@ -83,9 +83,10 @@ def handle_body(call, progress_now=None):
             'estimated_start_at': progress_now.start_at, 'estimated_finish_at': progress_now.finish_at}
 
 
-def task_body(call, progress_now=None):
+def task_body(call, progress_now=None, with_result=True):
     """GET /tasks/<id>/: state, timings, position while queued, when it should start and finish while
-    unfinished (null when unknown, or once it did), result or error once finished. A call that shares its
+    unfinished (null when unknown, or once it did), result or error once finished (`with_result`: False
+    for the list, GET /tasks/, whose entries leave the result out: it is read at the call's url). A call that shares its
     work with others (workers.sharing) shows that work's progress and result, as its own
     (workers.lifecycle.seen); one its owner cancelled shows `cancelled` from then on."""
     seen = lifecycle.seen(call, call.work)
@@ -96,7 +97,7 @@ def task_body(call, progress_now=None):
             'estimated_start_at': progress_now.start_at, 'estimated_finish_at': progress_now.finish_at}
     if seen.state == State.QUEUED:
         body['position'] = progress_now.position
-    if seen.state == State.SUCCEEDED:
+    if seen.state == State.SUCCEEDED and with_result:
         body['result'] = lifecycle.result_json(call)  # written verbatim (api.renderers)
     if seen.error is not None:
         body['error'] = seen.error
@@ -172,10 +173,11 @@ class HeavyCallView(StreamsStoredResults, APIView):
     def flags(self, request):
         return False, False
 
-    def submit(self, request, body, semantic, reranker):
-        """Serve one heavy call, step by step in the order the limits apply (workers.submission)."""
+    def submit(self, request, body, semantic, reranker, facts=None):
+        """Serve one heavy call, step by step in the order the limits apply (workers.submission). `facts`:
+        what the request's headers say (RequestFacts), when the view read them already."""
         config = get_config()
-        facts = RequestFacts.from_meta(request.META)
+        facts = facts or RequestFacts.from_meta(request.META)
         preferences = prefer.parse(request.headers.get('Prefer'))
         wait = preferences.seconds(config.wait.default_seconds, config.wait.max_seconds)
         heavy = submission.prepare(request.user, self.endpoint, body, semantic=semantic, reranker=reranker,
