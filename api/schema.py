@@ -35,6 +35,11 @@ HANDLE = inline_serializer('TaskHandle', {
     'created_at': serializers.DateTimeField(),
     'estimated_start_at': serializers.DateTimeField(allow_null=True),
     'estimated_finish_at': serializers.DateTimeField(allow_null=True)})
+PROGRESS = inline_serializer('TaskProgress', {
+    'rows_done': serializers.IntegerField(), 'rows_total': serializers.IntegerField()}, required=False,
+    help_text='While running: the rows its run has done, written at least every second or tenth of them.')
+
+
 def task_fields():
     return {
         'id': serializers.CharField(), 'state': serializers.ChoiceField(choices=State.values),
@@ -44,7 +49,7 @@ def task_fields():
         'estimated_start_at': serializers.DateTimeField(allow_null=True),
         'estimated_finish_at': serializers.DateTimeField(allow_null=True),
         'position': serializers.IntegerField(required=False, help_text='While queued: its place in its queue.'),
-        'error': serializers.CharField(required=False)}
+        'progress': PROGRESS, 'error': serializers.CharField(required=False)}
 
 
 TASK = inline_serializer('Task', {**task_fields(), 'result': serializers.JSONField(required=False)})

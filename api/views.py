@@ -84,11 +84,11 @@ def handle_body(call, progress_now=None):
 
 
 def task_body(call, progress_now=None, with_result=True):
-    """GET /tasks/<id>/: state, timings, position while queued, when it should start and finish while
-    unfinished (null when unknown, or once it did), result or error once finished (`with_result`: False
-    for the list, GET /tasks/, whose entries leave the result out: it is read at the call's url). A call that shares its
-    work with others (workers.sharing) shows that work's progress and result, as its own
-    (workers.lifecycle.seen); one its owner cancelled shows `cancelled` from then on."""
+    """GET /tasks/<id>/: state, timings, position while queued, progress (rows done) while running, when it
+    should start and finish while unfinished (null when unknown, or once it did), result or error once
+    finished (`with_result`: False for GET /tasks/, whose entries leave it out: it is read at their url).
+    A call that shares its work with others (workers.sharing) shows that work's progress and result, as its
+    own (workers.lifecycle.seen); one its owner cancelled shows `cancelled` from then on."""
     seen = lifecycle.seen(call, call.work)
     progress_now = progress_now or lifecycle.progress(call)
     body = {'id': call.pk, 'state': seen.state, 'endpoint': call.endpoint, 'lane': call.work.queue,
@@ -97,6 +97,8 @@ def task_body(call, progress_now=None, with_result=True):
             'estimated_start_at': progress_now.start_at, 'estimated_finish_at': progress_now.finish_at}
     if seen.state == State.QUEUED:
         body['position'] = progress_now.position
+    if seen.state == State.RUNNING:  # how far its run has got (workers.progress writes it in batches)
+        body['progress'] = {'rows_done': min(call.work.rows_done, call.work.rows), 'rows_total': call.work.rows}
     if seen.state == State.SUCCEEDED and with_result:
         body['result'] = lifecycle.result_json(call)  # written verbatim (api.renderers)
     if seen.error is not None:

@@ -98,6 +98,9 @@ class Work(models.Model):
     # The candidates its answer holds, all rows together (OCL's `num_returned` header), stored with the result
     # so the API answers it without parsing the result; null for rows stored before it was.
     answer_count = models.PositiveIntegerField(null=True, blank=True)
+    # Rows its current run has done (of `rows`), written by its worker in batches (workers.progress); a new
+    # run (a take-over, a delivery again) starts it at 0.
+    rows_done = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(default=timezone.now)
     expires_at = models.DateTimeField()  # the queue deadline: not started by then, it never runs
     started_at = models.DateTimeField(null=True, blank=True)
