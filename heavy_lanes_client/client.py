@@ -216,8 +216,9 @@ class Client:
         return self._task(response)
 
     def wait(self, handle, *, timeout=None, long_poll=DEFAULT_LONG_POLL, sleep=None, max_errors=8,
-             clock=time.monotonic):
-        """Poll until the task finishes; return the last Task seen.
+             clock=time.monotonic, on_task=None):
+        """Poll until the task finishes; return the last Task seen. `on_task(task)` is called with every
+        Task a poll answered (its `rows_done` shows how far a running one has got).
 
         Each poll long-polls up to `long_poll` s; an unfinished answer is followed by a pause of the
         server's Retry-After hint less the time the poll already took. Returns early, with the task
@@ -254,6 +255,8 @@ class Client:
                 continue
             failures = 0
             last = task
+            if on_task is not None:
+                on_task(task)
             if task.finished:
                 return task
             hint = task.poll_after if task.poll_after is not None else 1.0
