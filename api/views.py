@@ -19,7 +19,7 @@ from rest_framework.views import APIView
 from api import errors, prefer
 from api.renderers import StreamsStoredResults
 from api.schema import (ERROR, HEAVY_PARAMETERS, HEAVY_RESPONSES, MATCH_ENTRY, NUM_RETURNED, POLL_HINT,
-                        RERANKED_ROWS, TASK)
+                        RERANKED_ROWS, TASK, response_header)
 from api.throttles import HeavyRateThrottle
 from capacity.admission import headers, quotas, refusal_body
 from capacity.caller import RequestFacts
@@ -55,7 +55,8 @@ class ReadyView(APIView):
     authentication_classes = ()
     permission_classes = (AllowAny,)
 
-    @extend_schema(responses={
+    @extend_schema(parameters=[response_header('Retry-After', [503], 'Seconds: when to ask again.',
+                                               OpenApiTypes.INT)], responses={
         200: inline_serializer('Ready', {'status': serializers.CharField(), 'checks': serializers.DictField(),
                                          'cluster': serializers.DictField()}),
         503: inline_serializer('NotReady', {'status': serializers.CharField(), 'checks': serializers.DictField(),
