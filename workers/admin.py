@@ -8,8 +8,10 @@ without model permissions, as they read any call at GET /tasks/<id>/ and GET /ta
 """
 from django.contrib import admin, messages
 
-from workers import lifecycle
 from workers.models import Call, Work
+
+# workers.lifecycle is imported where it is used: Django loads this module while workers.celery is being
+# imported (its django.setup()), and the lifecycle imports workers.celery.
 
 
 class StaffReadOnly(admin.ModelAdmin):
@@ -48,7 +50,8 @@ class CallAdmin(StaffReadOnly):
     @admin.display(description='state')
     def state(self, call):
         """What its owner sees (lifecycle.seen): its work's state, or cancelled once cancelled."""
-        return lifecycle.seen(call, call.work).state
+        from workers.lifecycle.seen import seen
+        return seen(call, call.work).state
 
     @admin.display(description='queue')
     def queue(self, call):
@@ -56,6 +59,7 @@ class CallAdmin(StaffReadOnly):
 
     @admin.action(description='Cancel the selected calls (as their owner would)')
     def cancel_calls(self, request, queryset):
+        from workers import lifecycle
         cancelled = sum(1 for call in queryset.select_related('work') if lifecycle.cancel(call) is not None)
         self.message_user(request, f'{cancelled} call(s) cancelled; the others had ended already.',
                           messages.SUCCESS if cancelled else messages.INFO)
