@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 from django.db.models import Q
+from django.utils import timezone
 
 from workers import lifecycle
 from workers.models import OPEN_STATES, Call, ServedAs, State
@@ -19,14 +20,20 @@ from workers.models import OPEN_STATES, Call, ServedAs, State
 RETRYABLE = (State.FAILED, State.EXPIRED, State.CANCELLED)  # what POST /tasks/<id>/retry/ sends again
 
 
-def state_filter(state):
-    """The calls whose owner sees `state` (lifecycle.seen, as a query on a call and its work)."""
+def state_filter(state, now=None):
+    """The calls whose owner sees `state` (lifecycle.seen, as a query on a call and its work). A queued work
+    past its queue deadline is `expired` (lifecycle.expire ends it so as soon as anyone reads it)."""
     kept = Q(cancelled_at__isnull=True)
     cached = Q(served_as=ServedAs.CACHED)
+    late = Q(work__state=State.QUEUED, work__expires_at__lte=now or timezone.now())
     if state == State.CANCELLED:
         return ~kept | (kept & ~cached & Q(work__state=State.CANCELLED))
     if state == State.SUCCEEDED:
         return kept & (cached | Q(work__state=State.SUCCEEDED))
+    if state == State.QUEUED:
+        return kept & ~cached & Q(work__state=State.QUEUED) & ~late
+    if state == State.EXPIRED:
+        return kept & ~cached & (Q(work__state=State.EXPIRED) | late)
     return kept & ~cached & Q(work__state=state)
 
 
@@ -37,9 +44,9 @@ def listed(owner=None, states=(), endpoint=None, run=None):
     if owner is not None:
         calls = calls.filter(owner=owner)
     if states:
-        either = Q()
+        either, now = Q(), timezone.now()
         for state in states:
-            either |= state_filter(state)
+            either |= state_filter(state, now)
         calls = calls.filter(either)
     if endpoint:
         calls = calls.filter(endpoint=endpoint)
