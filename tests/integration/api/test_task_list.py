@@ -169,3 +169,23 @@ def test_a_failed_call_is_sent_again_as_a_new_call_of_the_same_run(
     assert ids(client.get('/tasks/?run=run-f')) == [again, failed]
     conflict = client.post(f'/tasks/{again}/retry/')
     assert conflict.status_code == 409 and 'succeeded' in conflict.json()['detail']
+
+
+def test_a_retry_is_refused_by_capacity_as_a_submission_is_and_admitted_once_there_is_room(
+        broker, lanes_redis, tiny_source, make_user, api_as, configure):
+    client = api_as(make_user())
+    cancelled = match(client, tiny_source, run='run-x')
+    assert client.delete(f'/tasks/{cancelled}/').json()['state'] == 'cancelled'
+    configure(mode='enforce', enforce_for='all', es2_knn=1)  # es2_knn's bulk share is 0: paused
+
+    refused = client.post(f'/tasks/{cancelled}/retry/', HTTP_PREFER='respond-async')
+    assert refused.status_code == 429, refused.content
+    assert refused.json()['error_code'] == 'capacity_exceeded' and refused.json()['scope'] == 'es2_knn'
+    assert refused['X-OCL-Capacity-Decision'] == 'refused' and int(refused['Retry-After']) > 0
+    assert Call.objects.count() == 1  # nothing was recorded for it
+
+    configure(mode='enforce', enforce_for='all', es2_knn=3)
+    admitted = client.post(f'/tasks/{cancelled}/retry/', HTTP_PREFER='respond-async')
+    assert admitted.status_code == 202 and admitted['X-OCL-Capacity-Decision'] == 'admitted'
+    assert admitted['Location'] == f'/tasks/{admitted.json()["id"]}/' and 'RateLimit' in admitted
+    assert Call.objects.get(pk=admitted.json()['id']).run_id == 'run-x'
