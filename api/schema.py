@@ -35,15 +35,26 @@ HANDLE = inline_serializer('TaskHandle', {
     'created_at': serializers.DateTimeField(),
     'estimated_start_at': serializers.DateTimeField(allow_null=True),
     'estimated_finish_at': serializers.DateTimeField(allow_null=True)})
-TASK = inline_serializer('Task', {
-    'id': serializers.CharField(), 'state': serializers.ChoiceField(choices=State.values),
-    'endpoint': serializers.CharField(), 'lane': serializers.CharField(), 'url': serializers.CharField(),
-    'created_at': serializers.DateTimeField(), 'started_at': serializers.DateTimeField(allow_null=True),
-    'finished_at': serializers.DateTimeField(allow_null=True),
-    'estimated_start_at': serializers.DateTimeField(allow_null=True),
-    'estimated_finish_at': serializers.DateTimeField(allow_null=True),
-    'position': serializers.IntegerField(required=False),
-    'result': serializers.JSONField(required=False), 'error': serializers.CharField(required=False)})
+PROGRESS = inline_serializer('TaskProgress', {
+    'rows_done': serializers.IntegerField(), 'rows_total': serializers.IntegerField()}, required=False,
+    help_text='While running: the rows its run has done, written at least every second or tenth of them.')
+
+
+def task_fields():
+    return {
+        'id': serializers.CharField(), 'state': serializers.ChoiceField(choices=State.values),
+        'endpoint': serializers.CharField(), 'lane': serializers.CharField(), 'url': serializers.CharField(),
+        'created_at': serializers.DateTimeField(), 'started_at': serializers.DateTimeField(allow_null=True),
+        'finished_at': serializers.DateTimeField(allow_null=True),
+        'estimated_start_at': serializers.DateTimeField(allow_null=True),
+        'estimated_finish_at': serializers.DateTimeField(allow_null=True),
+        'position': serializers.IntegerField(required=False, help_text='While queued: its place in its queue.'),
+        'progress': PROGRESS, 'error': serializers.CharField(required=False)}
+
+
+TASK = inline_serializer('Task', {**task_fields(), 'result': serializers.JSONField(required=False)})
+# An entry of GET /tasks/: a task without its result (read at its `url`).
+TASK_SUMMARY = inline_serializer('TaskSummary', task_fields(), many=True)
 REFUSAL = inline_serializer('CapacityRefusal', {
     'detail': serializers.CharField(), 'error_code': serializers.CharField(), 'scope': serializers.CharField(),
     'paused': serializers.BooleanField(), 'retry_after': serializers.IntegerField()})

@@ -5,7 +5,7 @@ from django.contrib.staticfiles.urls import staticfiles_urlpatterns
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from api import views
+from api import task_views, views
 
 urlpatterns = [
     path('healthz', views.HealthView.as_view(), name='healthz'),
@@ -13,7 +13,9 @@ urlpatterns = [
     path('metrics', views.MetricsView.as_view(), name='metrics'),
     path('concepts/$match/', views.MatchView.as_view(), name='concepts-match'),
     path('concepts/$rerank/', views.RerankView.as_view(), name='concepts-rerank'),
+    path('tasks/', task_views.TaskListView.as_view(), name='tasks'),
     path('tasks/<str:call_id>/', views.TaskView.as_view(), name='task'),
+    path('tasks/<str:call_id>/retry/', task_views.RetryView.as_view(), name='task-retry'),
     path('capacity/', include('capacity.urls')),
     path('schema/', SpectacularAPIView.as_view(), name='schema'),
     path('schema/docs/', SpectacularSwaggerView.as_view(url_name='schema'), name='schema-docs'),

@@ -19,7 +19,7 @@ from rest_framework.views import APIView
 from api import errors, prefer
 from api.renderers import StreamsStoredResults
 from api.schema import (ERROR, HEAVY_PARAMETERS, HEAVY_RESPONSES, MATCH_ENTRY, NUM_RETURNED, POLL_HINT,
-                        RERANKED_ROWS, TASK)
+                        RERANKED_ROWS, TASK, response_header)
 from api.throttles import HeavyRateThrottle
 from capacity.admission import headers, quotas, refusal_body
 from capacity.caller import RequestFacts
@@ -55,7 +55,8 @@ class ReadyView(APIView):
     authentication_classes = ()
     permission_classes = (AllowAny,)
 
-    @extend_schema(responses={
+    @extend_schema(parameters=[response_header('Retry-After', [503], 'Seconds: when to ask again.',
+                                               OpenApiTypes.INT)], responses={
         200: inline_serializer('Ready', {'status': serializers.CharField(), 'checks': serializers.DictField(),
                                          'cluster': serializers.DictField()}),
         503: inline_serializer('NotReady', {'status': serializers.CharField(), 'checks': serializers.DictField(),
@@ -83,11 +84,12 @@ def handle_body(call, progress_now=None):
             'estimated_start_at': progress_now.start_at, 'estimated_finish_at': progress_now.finish_at}
 
 
-def task_body(call, progress_now=None):
-    """GET /tasks/<id>/: state, timings, position while queued, when it should start and finish while
-    unfinished (null when unknown, or once it did), result or error once finished. A call that shares its
-    work with others (workers.sharing) shows that work's progress and result, as its own
-    (workers.lifecycle.seen); one its owner cancelled shows `cancelled` from then on."""
+def task_body(call, progress_now=None, with_result=True):
+    """GET /tasks/<id>/: state, timings, position while queued, progress (rows done) while running, when it
+    should start and finish while unfinished (null when unknown, or once it did), result or error once
+    finished (`with_result`: False for GET /tasks/, whose entries leave it out: it is read at their url).
+    A call that shares its work with others (workers.sharing) shows that work's progress and result, as its
+    own (workers.lifecycle.seen); one its owner cancelled shows `cancelled` from then on."""
     seen = lifecycle.seen(call, call.work)
     progress_now = progress_now or lifecycle.progress(call)
     body = {'id': call.pk, 'state': seen.state, 'endpoint': call.endpoint, 'lane': call.work.queue,
@@ -96,7 +98,9 @@ def task_body(call, progress_now=None):
             'estimated_start_at': progress_now.start_at, 'estimated_finish_at': progress_now.finish_at}
     if seen.state == State.QUEUED:
         body['position'] = progress_now.position
-    if seen.state == State.SUCCEEDED:
+    if seen.state == State.RUNNING:  # how far its run has got (workers.progress writes it in batches)
+        body['progress'] = {'rows_done': min(call.work.rows_done, call.work.rows), 'rows_total': call.work.rows}
+    if seen.state == State.SUCCEEDED and with_result:
         body['result'] = lifecycle.result_json(call)  # written verbatim (api.renderers)
     if seen.error is not None:
         body['error'] = seen.error
@@ -173,10 +177,11 @@ class HeavyCallView(StreamsStoredResults, APIView):
     def flags(self, request):
         return False, False
 
-    def submit(self, request, body, semantic, reranker):
-        """Serve one heavy call, step by step in the order the limits apply (workers.submission)."""
+    def submit(self, request, body, semantic, reranker, facts=None):
+        """Serve one heavy call, step by step in the order the limits apply (workers.submission). `facts`:
+        what the request's headers say (RequestFacts), when the view read them already."""
         config = get_config()
-        facts = RequestFacts.from_meta(request.META)
+        facts = facts or RequestFacts.from_meta(request.META)
         preferences = prefer.parse(request.headers.get('Prefer'))
         wait = preferences.seconds(config.wait.default_seconds, config.wait.max_seconds)
         heavy = submission.prepare(request.user, self.endpoint, body, semantic=semantic, reranker=reranker,

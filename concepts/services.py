@@ -63,6 +63,7 @@ MAX_SYNONYMS = 100         # synonyms per $rerank row
 DEFAULT_LIMIT = 1           # OCL's $match default
 MAX_LIMIT = 100
 MAX_WINDOW = 1000          # offset + limit
+PROGRESS_CHUNK_ROWS = 64    # rows matched between two progress reports, at most (run_match)
 TRUTHY = ('true', '1', 'yes', 'on')
 
 _SOURCE_URL = re.compile(
@@ -278,7 +279,16 @@ def validate_rerank_body(data):
 
 # --- running ----------------------------------------------------------------------------------------------
 
-def run_match(payload, semantic, reranker):
+def chunks(total):
+    """(start, end) slices of `total` rows a run reports its progress after: tenths of them, at most
+    PROGRESS_CHUNK_ROWS each (a chunk should take well under a second)."""
+    size = max(1, min(PROGRESS_CHUNK_ROWS, -(-total // 10)))
+    return [(first, min(first + size, total)) for first in range(0, total, size)]
+
+
+def run_match(payload, semantic, reranker, progress=None):
+    """OCL's `$match` answer for a validated payload. `progress(rows_done, rows_total)`, when given, is
+    called as the rows are matched, a chunk at a time."""
     payload, source = validate_payload(payload)  # again: a worker runs later than the view that validated
     body, params = payload['body'], payload['params']
     limit, start = params['limit'], params['start']
@@ -286,7 +296,13 @@ def run_match(payload, semantic, reranker):
 
     index = store.semantic_index(source, embedder_name()) if semantic else store.lexical_index(source)
     scorer = _match_reranker(source, index) if reranker else None
-    ranked = match(index, queries, start + limit, scorer)
+    if progress is None:
+        ranked = match(index, queries, start + limit, scorer)
+    else:
+        ranked = []
+        for first, end in chunks(len(queries)):
+            ranked.extend(match(index, queries[first:end], start + limit, scorer))
+            progress(end, len(queries))
     table = index.table
 
     answer = []
@@ -339,7 +355,8 @@ def warm(semantic=True, lexical=True, rerank_texts=True):
     return parts
 
 
-def run_rerank(body):
+def run_rerank(body, progress=None):
+    """OCL's `$rerank` answer; `progress(rows_done, rows_total)` as in run_match."""
     body = validate_rerank_body(body)
     rows, name_key, score_key = body['rows'], body['name_key'], body['score_key']
     texts = [ocl.path_get(row, name_key) for row in rows]
@@ -347,8 +364,13 @@ def run_rerank(body):
     scores = [ocl.MISSING_SCORE] * len(rows)
     if scorable:
         scorer = make_reranker(reranker_name())
-        scored = rerank(scorer, [body['q']], [[[texts[i].strip()[:MAX_TEXT_CHARS]] for i in scorable]])[0]
-        for i, result in zip(scorable, scored):
-            scores[i] = round(result.score, SCORE_DECIMALS)
+        # Each row is scored against q alone: scoring a chunk at a time gives the same scores.
+        for first, end in chunks(len(scorable)) if progress is not None else [(0, len(scorable))]:
+            part = scorable[first:end]
+            scored = rerank(scorer, [body['q']], [[[texts[i].strip()[:MAX_TEXT_CHARS]] for i in part]])[0]
+            for i, result in zip(part, scored):
+                scores[i] = round(result.score, SCORE_DECIMALS)
+            if progress is not None:
+                progress(len(rows) - len(scorable) + end, len(rows))
     order = sorted(range(len(rows)), key=lambda i: -scores[i])  # stable: ties keep their input order
     return [ocl.scored_row(rows[i], score_key, scores[i]) for i in order]

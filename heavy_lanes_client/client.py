@@ -4,6 +4,7 @@
         handle = client.submit_match(['chest pain'], source='/orgs/HPO/sources/HPO/', semantic=True)
         task = client.wait(handle)          # polls with ?wait= (long-poll) and the Retry-After hints
         client.cancel(handle)               # DELETE /tasks/<id>/
+        client.tasks(run='r-1', state='failed'), client.cancel_run('r-1'), client.retry(task)  # by run
 
 Every method sends one request (wait() a series of polls) and raises from heavy_lanes_client.errors when
 the answer is not a success (answers.error_for picks which); retrying is the caller's choice
@@ -216,8 +217,9 @@ class Client:
         return self._task(response)
 
     def wait(self, handle, *, timeout=None, long_poll=DEFAULT_LONG_POLL, sleep=None, max_errors=8,
-             clock=time.monotonic):
-        """Poll until the task finishes; return the last Task seen.
+             clock=time.monotonic, on_task=None):
+        """Poll until the task finishes; return the last Task seen. `on_task(task)` is called with every
+        Task a poll answered (its `rows_done` shows how far a running one has got).
 
         Each poll long-polls up to `long_poll` s; an unfinished answer is followed by a pause of the
         server's Retry-After hint less the time the poll already took. Returns early, with the task
@@ -254,6 +256,8 @@ class Client:
                 continue
             failures = 0
             last = task
+            if on_task is not None:
+                on_task(task)
             if task.finished:
                 return task
             hint = task.poll_after if task.poll_after is not None else 1.0
@@ -271,6 +275,51 @@ class Client:
         if response.status_code != 200:
             raise error_for(response, not_found=errors.TaskNotFound)
         return self._task(response)
+
+    # --- runs --------------------------------------------------------------------------------------------
+
+    def tasks(self, *, state=None, endpoint=None, run=None, page_size=100):
+        """GET /tasks/, page after page: this token's tasks newest first, as Tasks without their results
+        (get_task reads one whole). `state` is one state or several; `run` an `automatch_run_id`."""
+        states = ','.join(str(value) for value in state) if isinstance(state, (list, tuple, set)) else state
+        params = {name: value for name, value in (('state', states), ('endpoint', endpoint), ('run', run),
+                                                  ('page_size', page_size)) if value}
+        path = 'tasks/'
+        while path:
+            response = self.request('GET', path, params=params)
+            if response.status_code != 200:
+                raise error_for(response)
+            body = json_or_none(response)
+            if not isinstance(body, dict) or not isinstance(body.get('results'), list):
+                raise errors.ProtocolError('GET /tasks/ did not answer a page', status=response.status_code)
+            for item in body['results']:
+                yield Task.from_body(item)
+            path, params = body.get('next'), None  # `next` carries the filters
+
+    def cancel_run(self, run):
+        """DELETE /tasks/?run=<run>: cancel every open task of this token's run; returns how many."""
+        response = self.request('DELETE', 'tasks/', params={'run': run})
+        body = json_or_none(response)
+        if response.status_code != 200:
+            raise error_for(response)
+        if not isinstance(body, dict) or not isinstance(body.get('cancelled'), int):
+            raise errors.ProtocolError('DELETE /tasks/ did not say how many it cancelled',
+                                       status=response.status_code)
+        return body['cancelled']
+
+    def retry(self, task, *, idempotency_key=None, wait=0):
+        """POST /tasks/<id>/retry/: a failed, expired or cancelled task sent again as a new call (in its
+        run); the new call's Handle, as submit() gives it. RequestRejected (409, error_code `conflict`) for a
+        task that is queued, running or succeeded; TaskNotFound for one that isn't this token's."""
+        key = idempotency_key or uuid.uuid4().hex
+        wait = int(wait or 0)
+        headers = {'Idempotency-Key': key, 'Prefer': f'respond-async, wait={wait}' if wait > 0 else 'respond-async',
+                   'X-OCL-Event-Metadata': self.metadata_header()}
+        response = self.request('POST', self._task_path(task) + 'retry/', headers=headers,
+                                read_timeout=self.timeout[1] + wait if wait > 0 else None)
+        if response.status_code not in (200, 202):
+            raise error_for(response, not_found=errors.TaskNotFound)
+        return self._handle(getattr(task, 'endpoint', None), response, key)
 
     # --- reference data --------------------------------------------------------------------------------
 

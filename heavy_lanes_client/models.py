@@ -105,6 +105,11 @@ class Capacity:
         return self.decision is not None or self.room is not None
 
 
+def whole(value):
+    """An int the server sent, or None for anything else (a bool is not a count)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 @dataclass(frozen=True)
 class Task:
     """GET /tasks/<id>/: where a heavy call is. `poll_after` is the server's Retry-After hint (s)."""
@@ -122,6 +127,8 @@ class Task:
     poll_after: float | None = None
     estimated_start_at: str | None = None   # when the server expects it to start (None: unknown, or started)
     estimated_finish_at: str | None = None  # ... and to finish
+    rows_done: int | None = None   # while running: the rows its run has done so far (the server's `progress`)
+    rows_total: int | None = None
 
     @property
     def finished(self):
@@ -129,12 +136,14 @@ class Task:
 
     @classmethod
     def from_body(cls, body, poll_after=None):
+        progress = body.get('progress') if isinstance(body.get('progress'), dict) else {}
         return cls(id=body.get('id'), state=State(body['state']), endpoint=body.get('endpoint'),
                    lane=body.get('lane'), created_at=body.get('created_at'),
                    started_at=body.get('started_at'), finished_at=body.get('finished_at'),
                    position=body.get('position'), result=body.get('result'), error=body.get('error'),
                    poll_after=poll_after, estimated_start_at=body.get('estimated_start_at'),
-                   estimated_finish_at=body.get('estimated_finish_at'))
+                   estimated_finish_at=body.get('estimated_finish_at'),
+                   rows_done=whole(progress.get('rows_done')), rows_total=whole(progress.get('rows_total')))
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""A one-line progress bar on stderr: rows done, failed, calls in flight and waiting for capacity.
+"""A one-line progress bar on stderr: rows done, rows the server has done in calls still running (their
+`progress`), failed, calls in flight and waiting for capacity.
 
 On a terminal the line is redrawn in place about five times a second; elsewhere (a log file, CI) a plain
 line is written every `log_interval` seconds. No dependency beyond the standard library.
@@ -18,6 +19,7 @@ class Snapshot:
     limit: int
     waiting: int   # calls waiting out a 429 (capacity or rate limit)
     elapsed: float  # seconds
+    running: int = 0  # rows done on the server by calls still running (their `progress`), not yet in `done`
 
     @property
     def done(self):
@@ -25,9 +27,12 @@ class Snapshot:
 
 
 def render(label, snap, width=24):
+    """The line: `#` for rows done, `+` for rows the server has done in calls still running."""
     filled = int(width * snap.done / snap.total) if snap.total else width
-    bar = '#' * filled + '-' * (width - filled)
-    return (f'{label} [{bar}] {snap.done}/{snap.total} rows | matched {snap.matched}  '
+    ahead = min(width - filled, int(width * (snap.done + snap.running) / snap.total) - filled) if snap.total else 0
+    bar = '#' * filled + '+' * ahead + '-' * (width - filled - ahead)
+    running = f' (+{snap.running} running)' if snap.running else ''
+    return (f'{label} [{bar}] {snap.done}/{snap.total} rows{running} | matched {snap.matched}  '
             f'no match {snap.no_match}  failed {snap.failed} | in flight {snap.in_flight}/{snap.limit}  '
             f'waiting for capacity {snap.waiting} | {snap.elapsed:.0f} s')
 

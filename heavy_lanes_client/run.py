@@ -206,7 +206,8 @@ class Run:
             task = self.client.wait(handle, timeout=self.poll.task_timeout_seconds,
                                     long_poll=self.poll.long_poll_seconds,
                                     sleep=lambda seconds: self._sleep(seconds, self._stop),
-                                    max_errors=self.poll.max_poll_errors, clock=self.clock)
+                                    max_errors=self.poll.max_poll_errors, clock=self.clock,
+                                    on_task=lambda seen: self._tally.running(batch, seen.rows_done))
             with self._lock:
                 if batch.index in self._cancel_owned:
                     return  # cancel() records it
@@ -275,7 +276,8 @@ class Run:
         elapsed = self.clock() - self._started_at if self._started_at is not None else 0.0
         return Snapshot(total=self.total_rows, matched=rows.get(RowStatus.MATCHED, 0),
                         no_match=rows.get(RowStatus.NO_MATCH, 0), failed=rows.get(RowStatus.FAILED, 0),
-                        in_flight=self._limit.held, limit=self._limit.limit, waiting=waiting, elapsed=elapsed)
+                        in_flight=self._limit.held, limit=self._limit.limit, waiting=waiting, elapsed=elapsed,
+                        running=self._tally.running_rows())
 
     def _unrecorded_reason(self, batch):
         if batch.index in self._dispatched:

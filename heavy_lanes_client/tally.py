@@ -40,6 +40,7 @@ class Tally:
         self._rows = Counter()   # RowStatus -> rows recorded
         self._counts = Counter()  # one of COUNTED -> calls or tasks
         self._waiting = set()    # batches waiting out a 429
+        self._running = {}       # batch index -> rows its call's run has done on the server, until recorded
         self._capacity_wait = 0.0
 
     def count(self, name):
@@ -60,11 +61,25 @@ class Tally:
             if batch.index in self._outcomes:
                 return False
             self._outcomes[batch.index] = outcomes
+            self._running.pop(batch.index, None)
             for outcome in outcomes:
                 self._rows[outcome.status] += 1
             if state in (State.FAILED, State.EXPIRED, State.CANCELLED):
                 self._counts[f'tasks_{state}'] += 1
             return True
+
+    def running(self, batch, rows_done):
+        """The server says `batch`'s call has done `rows_done` rows (None: it doesn't say, or not running)."""
+        with self._lock:
+            if batch.index in self._outcomes or not rows_done:
+                self._running.pop(batch.index, None)
+            else:
+                self._running[batch.index] = rows_done
+
+    def running_rows(self):
+        """Rows done on the server by calls whose rows aren't recorded yet."""
+        with self._lock:
+            return sum(self._running.values())
 
     @contextmanager
     def waiting_for_capacity(self, batch):

@@ -98,6 +98,9 @@ class Work(models.Model):
     # The candidates its answer holds, all rows together (OCL's `num_returned` header), stored with the result
     # so the API answers it without parsing the result; null for rows stored before it was.
     answer_count = models.PositiveIntegerField(null=True, blank=True)
+    # Rows its current run has done (of `rows`), written by its worker in batches (workers.progress); a new
+    # run (a take-over, a delivery again) starts it at 0.
+    rows_done = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(default=timezone.now)
     expires_at = models.DateTimeField()  # the queue deadline: not started by then, it never runs
     started_at = models.DateTimeField(null=True, blank=True)
@@ -133,6 +136,9 @@ class Call(models.Model):
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     # The submitting request's id (X-Request-Id, or made by the API): the worker's log lines carry it.
     request_id = models.CharField(max_length=100, blank=True, default='')
+    # The client's run (`automatch_run_id` in X-OCL-Event-Metadata, capacity.caller.RequestFacts): GET and
+    # DELETE /tasks/?run= list and cancel an owner's calls of one run.
+    run_id = models.CharField(max_length=20, blank=True, default='')
     served_as = models.CharField(max_length=16, choices=ServedAs.choices, default=ServedAs.RUN)
     # What admission decided for this call: its headers and its log line (capacity.admission).
     admission = models.JSONField(default=dict)
@@ -144,6 +150,12 @@ class Call(models.Model):
         constraints = [
             models.UniqueConstraint(fields=['owner', 'idempotency_key'], name='heavy_call_idempotency',
                                     condition=models.Q(idempotency_key__isnull=False)),
+        ]
+        indexes = [
+            # GET /tasks/: an owner's calls newest first, and those of one run (DELETE /tasks/?run= too).
+            models.Index(fields=['owner', '-created_at'], name='heavy_call_owner_created'),
+            models.Index(fields=['owner', 'run_id'], name='heavy_call_owner_run'),
+            models.Index(fields=['-created_at'], name='heavy_call_created'),  # staff: everyone's, newest first
         ]
 
     def __str__(self):

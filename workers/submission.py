@@ -217,7 +217,8 @@ def new_call(heavy, admission, created_at=None):
     """The call's row, not saved yet: its usage record, with its own admission."""
     return Call(id=heavy.call_id, owner=heavy.user, endpoint=heavy.endpoint, rows=heavy.rows,
                 fingerprint=heavy.digest, idempotency_key=heavy.idempotency_key,
-                request_id=heavy.facts.cid or '', admission=admission.to_json(),
+                request_id=heavy.facts.cid or '', run_id=heavy.facts.automatch_run_id or '',
+                admission=admission.to_json(),
                 created_at=created_at or timezone.now())
 
 

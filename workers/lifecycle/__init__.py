@@ -13,8 +13,8 @@ of the call and its work (`seen`).
   (no row without a message); `send` publishes it (the sweep sends a lost one again); `join` adds a call
   to an open work, `serve_cached` one answered by a succeeded work's result.
 - running (the worker's side): `start` claims a work (`claim_first`: a first delivery's claim and read in
-  one statement where it can), `beat` is its heartbeat, `succeed` stores the result through
-  django-celery-results with the state, `fail` and `time_out` record a failure.
+  one statement where it can), `beat` is its heartbeat, `note_rows` how far its run has got, `succeed`
+  stores the result through django-celery-results with the state, `fail` and `time_out` record a failure.
 - ending: `cancel(call)` lets one call go, and cancels the work with its last open call; `end_unstarted`
   and `expire` end a work that won't run, `stopped` a cancelled one whose run has stopped; `ended` and
   `end_with_release` follow every end (counts, log lines, completion notice, the work's release).
@@ -36,7 +36,7 @@ from workers.lifecycle.reads import (
 )
 from workers.lifecycle.running import (
     BUSY, ENDED, EXPIRE, HARD_LIMIT, RUN, SOFT_LIMIT, Failure, Start, beat, busy_retry_in, claim_first,
-    claim_first_available, fail, holder_gone, load, start, succeed, time_out, worker_name,
+    claim_first_available, fail, holder_gone, load, note_rows, start, succeed, time_out, worker_name,
 )
 from workers.lifecycle.seen import CANCELLED, EXPIRED, FAILED, Seen, seen
 from workers.lifecycle.upkeep import forget_finished, maybe_lost, overdue, queued, redeliver, stranded
@@ -46,7 +46,8 @@ __all__ = [
     'SOFT_LIMIT', 'Seen', 'Start', 'StoredJSON', 'Waited', 'admission_of', 'answer', 'beat', 'busy_retry_in',
     'cancel', 'claim_first', 'claim_first_available', 'discard_message', 'end_unstarted', 'end_with_release',
     'ended', 'enqueue', 'expire', 'fail', 'forget_finished', 'holder_gone', 'join', 'load', 'log_line',
-    'maybe_lost', 'note_limiter', 'overdue', 'position', 'progress', 'queued', 'queued_lease_ms', 'redeliver',
-    'result', 'result_json', 'seen', 'send', 'serve_cached', 'start', 'stopped', 'stored_result', 'stranded',
-    'succeed', 'taken_over', 'time_out', 'wait', 'wait_stopped', 'watching', 'worker_lease', 'worker_name',
+    'maybe_lost', 'note_limiter', 'note_rows', 'overdue', 'position', 'progress', 'queued', 'queued_lease_ms',
+    'redeliver', 'result', 'result_json', 'seen', 'send', 'serve_cached', 'start', 'stopped', 'stored_result',
+    'stranded', 'succeed', 'taken_over', 'time_out', 'wait', 'wait_stopped', 'watching', 'worker_lease',
+    'worker_name',
 ]

@@ -190,7 +190,7 @@ def progress(call, just_published=False):
 # Waiting for the end of a call's work.
 
 WORK_FIELDS = ['state', 'started_at', 'finished_at', 'error', 'error_status', 'error_body', 'heartbeat_at',
-               'shared']
+               'shared', 'rows_done']
 HOLD_CONNECTION_SECONDS = 1.0
 
 

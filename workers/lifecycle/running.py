@@ -86,7 +86,9 @@ def start(work, worker):
     if work.state not in OPEN_STATES:
         return Start(ENDED)
     redelivered = work.attempts > 0
-    claim = {'started_at': now, 'attempts': F('attempts') + 1, 'worker': worker, 'heartbeat_at': now}
+    # A run starts its rows afresh: what a gone worker had done is not this run's progress.
+    claim = {'started_at': now, 'attempts': F('attempts') + 1, 'worker': worker, 'heartbeat_at': now,
+             'rows_done': 0}
     stale_seconds = get_config().lease_seconds
     if work.state == State.QUEUED:
         claimed = move('start', work.pk, **claim)
@@ -102,7 +104,7 @@ def start(work, worker):
             return Start(BUSY, redelivered, retry_in=stale_seconds)
         return Start(ENDED, redelivered)
     work.state, work.started_at, work.attempts = State.RUNNING, now, work.attempts + 1
-    work.worker, work.heartbeat_at = worker, now
+    work.worker, work.heartbeat_at, work.rows_done = worker, now, 0
     return Start(RUN, redelivered)
 
 
@@ -131,6 +133,13 @@ def beat(work, worker):
     """The running worker is alive, by the database's clock (so a host's own clock can't make it look dead or
     alive); False when the work is no longer its own (cancelled or taken over)."""
     return bool(Work.objects.filter(pk=work.pk, state=State.RUNNING, worker=worker).update(heartbeat_at=Now()))
+
+
+def note_rows(work, rows_done):
+    """How far `work`'s run has got: `rows_done` of its rows, for its calls' `progress` (workers.progress
+    batches these writes). Not a state change: written only while the run is its worker's (False if not)."""
+    return bool(Work.objects.filter(pk=work.pk, state=State.RUNNING, worker=work.worker).update(
+        rows_done=rows_done))
 
 
 def succeed(work, result, worker=None):

@@ -170,3 +170,20 @@ def test_rerank_reads_name_key_and_writes_score_key_and_sorts_rows_without_text_
 def test_rerank_keeps_input_order_for_equal_scores():
     rows = [{'display_name': 'Cough', 'id': i} for i in range(5)]
     assert [row['id'] for row in run_rerank({'q': 'cough', 'rows': rows})] == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize('semantic, reranker', [(True, True), (False, True), (True, False)])
+def test_reporting_progress_a_chunk_at_a_time_changes_no_answer(tiny_source, semantic, reranker):
+    rows = [{'name': name} for name in ('heart attack', 'high blood pressure', 'fever', 'sugar diabetes',
+                                        'acetaminophen', 'chest pain', 'zzz')] * 30  # 210 rows: chunks of 21
+    payload = validate_match({'rows': rows, 'target_repo_url': URL}, {'limit': '5'})
+    reports = []
+    chunked = run_match(payload, semantic, reranker, progress=lambda done, total: reports.append((done, total)))
+    assert chunked == run_match(payload, semantic, reranker)
+    assert reports == [(21 * k, 210) for k in range(1, 11)]
+    body = {'q': 'heart attack', 'name_key': 'name',
+            'rows': [{'name': row['name'], 'n': i} for i, row in enumerate(rows)]}
+    reports.clear()
+    assert run_rerank(body, progress=lambda done, total: reports.append(done)) == run_rerank(body)
+    assert reports == [21 * k for k in range(1, 11)]

@@ -30,6 +30,16 @@ def test_the_schema_describes_the_heavy_calls_and_docs_openapi_yaml_is_current(t
         assert 'Retry-After' in headers['503'], path
     assert 'num_returned' in match['responses']['200']['headers']
     assert 'Retry-After' in schema['paths']['/tasks/{call_id}/']['get']['responses']['200']['headers']
+    retry = schema['paths']['/tasks/{call_id}/retry/']['post']['responses']
+    assert {'Location', 'Retry-After'} | capacity <= set(retry['202']['headers']) and '409' in retry
+    assert {'Retry-After'} | capacity <= set(retry['429']['headers'])
+    listed = schema['paths']['/tasks/']
+    assert {'state', 'endpoint', 'run', 'user', 'page', 'page_size'} <= {p['name'] for p in listed['get']['parameters']}
+    assert 'run' in {p['name'] for p in listed['delete']['parameters']}
+    task = schema['components']['schemas']['Task']['properties']
+    assert {'rows_done', 'rows_total'} <= set(schema['components']['schemas']['TaskProgress']['properties'])
+    assert 'progress' in task and 'progress' in schema['components']['schemas']['TaskSummary']['properties']
+    assert 'Retry-After' in schema['paths']['/readyz']['get']['responses']['503']['headers']
     with open(os.path.join(ROOT, 'docs', 'openapi.yaml')) as committed:
         assert committed.read() == generated.read_text(), (
             'docs/openapi.yaml is stale: .venv/bin/python manage.py spectacular --file docs/openapi.yaml')

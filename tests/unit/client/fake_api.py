@@ -112,6 +112,7 @@ class FakeApi:
         self.task_seconds = 0.05
         self.final_states = deque()    # final states of the next tasks; then 'succeeded'
         self.hold_tasks = False        # tasks run until cancelled
+        self.rows_done = None          # int: a running task's `progress` says this many of its rows are done
         self.poll_hint = 1
         self.long_poll_cap = 5.0       # seconds a ?wait=N poll may be held (0: ignore ?wait)
         self.no_match = set()          # row names that get no candidates
@@ -217,6 +218,8 @@ class FakeApi:
                 'finished_at': None}
         if task.state == 'queued':
             body['position'] = 1
+        if task.state == 'running' and self.rows_done is not None:
+            body['progress'] = {'rows_done': self.rows_done, 'rows_total': len(task.body.get('rows') or [])}
         if task.state == 'succeeded':
             body['result'] = self._result(task)
         if task.state in ('failed', 'cancelled', 'expired'):

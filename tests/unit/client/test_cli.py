@@ -6,6 +6,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,22 @@ def test_the_progress_line_shows_rows_done_failed_and_waiting(api, client):
     last = stream.getvalue().strip().splitlines()[-1]
     assert last.startswith('match [########################] 3/3 rows')
     assert 'matched 2  no match 0  failed 1' in last and 'waiting for capacity 0' in last
+
+
+def test_the_progress_line_shows_the_rows_the_server_has_done_in_running_calls(api, client):
+    api.hold_tasks, api.rows_done, api.long_poll_cap = True, 3, 0  # each running call of 4 rows: 3 done
+    stream = io.StringIO()
+    progress = Progress('match', stream=stream, tty=False, log_interval=0.02)
+    run = Run.match(client, ['a', 'b', 'c', 'd', 'e', 'f', 'g', 'h'], SOURCE, batch_size=4, progress=progress)
+    thread = threading.Thread(target=run.execute)
+    thread.start()
+    try:
+        assert api.wait_for(lambda _: '(+6 running)' in stream.getvalue(), timeout=10), stream.getvalue()
+    finally:
+        run.cancel()
+        thread.join(10)
+    line = next(text for text in stream.getvalue().splitlines() if '(+6 running)' in text)
+    assert line.startswith('match [' + '+' * 18 + '-' * 6 + '] 0/8 rows (+6 running) |')
 
 
 @pytest.mark.slow

@@ -112,6 +112,18 @@ def test_wait_pauses_for_the_retry_after_hint_when_the_server_does_not_hold_the_
     assert asked and all(0.9 <= seconds <= 1.0 for seconds in asked)
 
 
+def test_wait_shows_each_poll_with_how_far_a_running_task_has_got(api, client):
+    api.long_poll_cap = 0
+    api.hold_tasks, api.rows_done = True, 2
+    handle = client.submit_match(['a', 'b', 'c'], SOURCE)
+    seen = []
+    task = client.wait(handle, long_poll=0, timeout=0.5, sleep=lambda seconds: time.sleep(0.02),
+                       on_task=seen.append)
+    assert task.state == State.RUNNING and (task.rows_done, task.rows_total) == (2, 3)
+    assert seen and seen[-1] == task
+    client.cancel(handle)
+
+
 def test_cancel_deletes_the_task_and_an_ended_task_reports_how_it_ended(api, client):
     api.hold_tasks = True
     held = client.submit_match(['a'], SOURCE)

@@ -23,7 +23,7 @@
 WITH claimed AS (
   UPDATE heavy_work
      SET state = %(running)s, started_at = now(), attempts = attempts + 1,
-         worker = %(worker)s, heartbeat_at = now()
+         worker = %(worker)s, heartbeat_at = now(), rows_done = 0
    WHERE id = %(id)s AND state = %(queued)s AND attempts = 0 AND expires_at > now()
   RETURNING *
 )
