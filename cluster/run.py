@@ -1,0 +1,167 @@
+"""One cluster run: bring the shape up, put it under load, inject each fault in turn, check, report.
+
+Runs inside the client host's namespace (after `Network.create()`, the harness moves itself there), so
+everything it reads — the proxy, each API host's /readyz, PostgreSQL, the Sentinels — it reads over the
+bridge, as a client would.
+"""
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+from cluster import checks
+from cluster.faults import FAULTS
+from cluster.hosts import API_HOSTS, WORKER_HOSTS, Cluster
+from cluster.load import Load
+
+LEASE_SECONDS, RENEW_SECONDS = 15, 5
+USERS = 6
+# docs/api.md: a submission's worst case is the limiter's deadline plus the publish deadline (3 s); the
+# failover adds the Sentinels' detection (down-after 2 s) to a publish waiting for the new primary.
+LATENCY_BOUND = 10.0
+
+
+@dataclass
+class Outcome:
+    fault: str
+    seconds: float
+    checks: list = field(default_factory=list)
+    figures: dict = field(default_factory=dict)
+
+    @property
+    def passed(self):
+        return all(check.passed for check in self.checks)
+
+
+def prepare(cluster):
+    """Migrate, load the tiny source and build its indexes, make the load's users and a staff user, and set the
+    lanes as the run needs them (enforce for everyone, short leases): in the harness, over the bridge."""
+    env = cluster.app_env('client')
+    env.pop('HEAVY_LANES_PRODUCTION')
+    os.environ.update(env)
+    import django
+    django.setup()
+    from django.contrib.auth.models import Group, User
+    from django.core.management import call_command
+    from rest_framework.authtoken.models import Token
+
+    from concepts.matching import store
+    from concepts.models import Source
+    from concepts.services import embedder_name
+    call_command('migrate', '--noinput', verbosity=0)
+    call_command('load_terminology', 'tiny', verbosity=0)
+    for source in Source.objects.all():
+        store.build_missing(source, embedder_name())
+    core = Group.objects.get_or_create(name='core_user')[0]
+    tokens = []
+    for n in range(USERS):
+        user = User.objects.create_user(f'client{n}')
+        user.groups.add(core)
+        tokens.append(Token.objects.create(user=user).key)
+    staff = User.objects.create_user('ops', is_staff=True)
+    cluster.staff_token = Token.objects.create(user=staff).key
+    cluster.tokens = tokens
+    call_command('capacity', 'set', 'mode=enforce', 'enforce_for=all', f'lease_seconds={LEASE_SECONDS}',
+                 f'renew_seconds={RENEW_SECONDS}', '--note', 'the cluster harness', verbosity=0)
+
+
+def status_of(cluster):
+    import requests
+    try:
+        return requests.get(f'{cluster.proxy_url}/capacity/status/', timeout=10,
+                            headers={'Authorization': f'Token {cluster.staff_token}'}).json()
+    except (requests.RequestException, ValueError):
+        return None
+
+
+def readyz(cluster):
+    import requests
+    reads = []
+    for host in API_HOSTS:
+        try:
+            status = requests.get(f'http://{cluster.addr(host)}:8000/readyz', timeout=5).status_code
+        except requests.RequestException:
+            status = 0
+        reads.append((host, status, time.time()))
+    return reads
+
+
+def lines_of(cluster):
+    """Celery's lines of the runs the worker hosts finished."""
+    out = []
+    for host in WORKER_HOSTS:
+        for log in (cluster.dir / 'logs').glob(f'{host}-*.log*'):
+            for text in log.read_text(errors='replace').splitlines():
+                if text.startswith('{') and '"celery.app.trace"' in text:
+                    try:
+                        out.append(json.loads(text))
+                    except ValueError:
+                        continue  # half a line: its process was killed while writing it
+    return out
+
+
+def lanes_client():
+    from common import connections
+    connections.forget()
+    return connections.build('lanes')
+
+
+def one_fault(cluster, load, name, warm=10, after=15):
+    started = time.time()
+    load.start()
+    time.sleep(warm)
+    effect = FAULTS[name](cluster)
+    reads = readyz(cluster)
+    time.sleep(after)
+    load.stop()
+    submissions = load.handles(since=started)
+    outcome = Outcome(name, 0)
+    final, calls = checks.wait_final(submissions, timeout=120)
+    outcome.checks.append(final)
+    outcome.checks.append(checks.cancelled_only_when_asked(submissions, calls))
+    outcome.checks.append(checks.runs_once(calls, lines_of(cluster), effect.node_died))
+    ends = [call.work.finished_at.timestamp() for call in calls.values() if call.work.finished_at]
+    last_end = max(ends, default=time.time())
+    outcome.checks.append(checks.leases_back(lanes_client(), os.environ.get('CAPACITY_KEY_PREFIX', 'ocl:capacity'),
+                                             last_end, LEASE_SECONDS + RENEW_SECONDS, timeout=60))
+    outcome.checks.append(checks.lanes_within_limits(calls, effect.fail_open))
+    outcome.checks.append(checks.pools_sum(lambda: status_of(cluster)))
+    all_sent = [s for s in load.submissions if s.sent >= started]
+    outcome.checks.append(checks.latency(all_sent, LATENCY_BOUND))
+    reads += readyz(cluster)
+    outcome.checks.append(checks.readiness(reads, lambda host, status, when: status == 200))
+    statuses = {}
+    for s in all_sent:
+        key = str(s.status or s.error)
+        statuses[key] = statuses.get(key, 0) + 1
+    outcome.figures = {'submissions': statuses, 'handles': len(submissions),
+                       'started twice': sum(1 for c in calls.values() if c.work.attempts > 1)}
+    outcome.seconds = time.time() - started
+    return outcome
+
+
+def run(workdir, faults, say=print):
+    cluster = Cluster(workdir)
+    outcomes = []
+    began = time.time()
+    try:
+        cluster.net.create()
+        cluster.net.enter('client')
+        cluster.up(lambda: prepare(cluster))
+        say(f'cluster up in {time.time() - began:.0f} s')
+        load = Load(cluster.proxy_url, cluster.tokens)
+        for name in faults:
+            outcome = one_fault(cluster, load, name)
+            load.submissions.clear()
+            outcomes.append(outcome)
+            say(f'{name}: {"PASS" if outcome.passed else "FAIL"} in {outcome.seconds:.0f} s')
+            for check in outcome.checks:
+                say(f'    {"PASS" if check.passed else "FAIL"} {check.name}: {check.detail}')
+    finally:
+        cluster.down()
+    return outcomes, time.time() - began
+
+
+if __name__ == '__main__':
+    sys.exit('python -m cluster')
