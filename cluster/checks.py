@@ -17,9 +17,20 @@ class Check:
 
 
 def calls_of(submissions):
+    """{call id: Call with its work} of the submissions' handles; a connection the database ended (its
+    restart) is dropped and the read made again on a new one."""
+    from django.db import OperationalError, connection
+
     from workers.models import Call
     ids = [s.call_id for s in submissions]
-    return {call.pk: call for call in Call.objects.filter(pk__in=ids).select_related('work')}
+    for attempt in range(30):
+        try:
+            return {call.pk: call for call in Call.objects.filter(pk__in=ids).select_related('work')}
+        except OperationalError:
+            connection.close()
+            if attempt == 29:
+                raise
+            time.sleep(1)
 
 
 def wait_final(submissions, timeout):
@@ -138,12 +149,21 @@ def over_limit(calls, slack_seconds=0.5):
 
 
 def lanes_within_limits(calls, fail_open):
+    """No lane over its limit, but in two documented windows (docs/operations.md): a Redis failover (the
+    lanes fail open) and a work taken over from a dead node, which is counted whatever its lanes hold, so a
+    lane whose expired lease went to a new call holds one over until one of them ends — at most one over
+    per work taken over."""
     excess = over_limit(calls)
-    return Check('no lane over its limit' + (' (outside the fail-open window)' if fail_open else ''),
-                 not excess or fail_open,
-                 'none over' if not excess else
-                 ', '.join(f'{key.rsplit(":", 1)[-1]} {worst} of {limit}' for key, (worst, limit) in excess.items())
-                 + (' during the documented fail-open window of a Redis failover' if fail_open else ''))
+    taken_over = sum(1 for call in {c.work_id: c for c in calls.values()}.values() if call.work.attempts > 1)
+    over = sum(worst - limit for worst, limit in excess.values())
+    passed = not excess or fail_open or over <= taken_over
+    detail = 'none over' if not excess else ', '.join(
+        f'{key.rsplit(":", 1)[-1]} {worst} of {limit}' for key, (worst, limit) in excess.items())
+    if excess and fail_open:
+        detail += ' during the documented fail-open window of a Redis failover'
+    elif excess and over <= taken_over:
+        detail += f' while {taken_over} work(s) taken over from a dead node were counted over the lane (documented)'
+    return Check('no lane over its limit outside the documented windows', passed, detail)
 
 
 def pools_sum(status_of, timeout=40):
@@ -171,8 +191,20 @@ def latency(submissions, bound):
                  f'{len(took)} async submissions: p99 {p99:.2f} s, max {worst:.2f} s (bound {bound} s)')
 
 
-def readiness(observations, expected):
-    """`observations`: [(host, status, body)] read during and after the fault; `expected(host, when)`..."""
-    wrong = [(host, status, when) for host, status, when in observations if not expected(host, status, when)]
-    return Check('each host\'s /readyz tells the truth', not wrong,
-                 f'{len(observations)} reads' + (f', wrong: {wrong[:4]}' if wrong else ', all true'))
+def readiness(during, after, truthful):
+    """Every read of each API host's /readyz during the fault and after it told the truth (`truthful`)."""
+    wrong = [(host, status, round(when % 1000, 1)) for host, status, when in during
+             if not truthful(host, status, when)]
+    wrong += [(host, status, 'after') for host, status, when in after if not truthful(host, status, when, True)]
+    statuses = sorted({str(status) for _h, status, _w in during + after})
+    return Check("each host's /readyz tells the truth", not wrong,
+                 f'{len(during) + len(after)} reads ({", ".join(statuses)})'
+                 + (f', wrong: {wrong[:4]}' if wrong else ', all true'))
+
+
+def planned_restart_loses_no_request(submissions):
+    """A planned restart (gunicorn's graceful stop, a warm shutdown) fails no request: no 502 or 504 from the
+    proxy, no connection reset."""
+    lost = [s.status or s.error for s in submissions if s.status in (502, 504) or s.error]
+    return Check('a planned restart fails no request', not lost,
+                 f'{len(submissions)} requests, {len(lost)} failed {sorted(set(map(str, lost)))}')

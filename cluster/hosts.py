@@ -33,7 +33,9 @@ API_HOSTS = ('api1', 'api2')
 WORKER_HOSTS = ('worker1', 'worker2')
 LANE_QUEUES = ('interactive', 'es2_knn', 'api_heavy')
 SENTINEL_HOSTS = ('redis1', 'redis2', 'redis3')
-PG_BIN = Path('/usr/lib/postgresql/15/bin')
+# Debian's PostgreSQL binaries (postgresql-NN), the newest installed.
+PG_BIN = max(Path('/usr/lib/postgresql').glob('*/bin'), key=lambda path: int(path.parent.name),
+             default=Path('/usr/lib/postgresql/15/bin'))
 MASTER = 'mymaster'
 SECRET = 'cluster-harness-not-a-real-secret-0123456789abcdef'
 METRICS_TOKEN = 'cluster-metrics'

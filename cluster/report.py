@@ -18,7 +18,7 @@ Settings that differ from production's defaults, so a fault plays out within a m
 """
 
 
-def write(path, outcomes, seconds, command, started):
+def write(path, outcomes, seconds, command, started, figures=None):
     names = []
     for outcome in outcomes:
         for check in outcome.checks:
@@ -26,6 +26,10 @@ def write(path, outcomes, seconds, command, started):
                 names.append(check.name)
     lines = [HEAD, f'Run: `{command}`, {started}, {seconds:.0f} s in all '
                    f'({sum(o.passed for o in outcomes)} of {len(outcomes)} faults passed every check).', '',
+             *(['## What a call costs Redis', '',
+                'Before the faults: 10 s idle, then 20 s of the load, on the primary (INFO stats and cpu; the idle '
+                'rate subtracted), per call that ran (cluster/measure.py): '
+                + ', '.join(f'{key} {value}' for key, value in figures.items()) + '.', ''] if figures else []),
              '## Faults × checks', '',
              '| fault | ' + ' | '.join(f'{i + 1}' for i in range(len(names))) + ' |',
              '|---|' + '---|' * len(names)]
@@ -38,7 +42,8 @@ def write(path, outcomes, seconds, command, started):
         lines += [f'### {outcome.fault} ({outcome.seconds:.0f} s)', '',
                   f'Submissions by answer: `{json.dumps(outcome.figures.get("submissions", {}), sort_keys=True)}`; '
                   f'{outcome.figures.get("handles", 0)} handles; {outcome.figures.get("started twice", 0)} works '
-                  'started twice.', '']
+                  f'started twice; the slowest `respond-async` submission took '
+                  f'{outcome.figures.get("async submission max s")} s.', '']
         lines += [f'- {"PASS" if c.passed else "**FAIL**"} {c.name}: {c.detail}' for c in outcome.checks]
         lines.append('')
     with open(path, 'w') as handle:

@@ -7,10 +7,11 @@ bridge, as a client would.
 import json
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
-from cluster import checks
+from cluster import checks, measure
 from cluster.faults import FAULTS
 from cluster.hosts import API_HOSTS, WORKER_HOSTS, Cluster
 from cluster.load import Load
@@ -20,6 +21,7 @@ USERS = 6
 # docs/api.md: a submission's worst case is the limiter's deadline plus the publish deadline (3 s); the
 # failover adds the Sentinels' detection (down-after 2 s) to a publish waiting for the new primary.
 LATENCY_BOUND = 10.0
+PLANNED = ('rolling-restart', 'worker-host-drained', 'worker-clock-ahead')  # restarts an operator makes
 
 
 @dataclass
@@ -80,11 +82,48 @@ def readyz(cluster):
     reads = []
     for host in API_HOSTS:
         try:
-            status = requests.get(f'http://{cluster.addr(host)}:8000/readyz', timeout=5).status_code
+            status = requests.get(f'http://{cluster.addr(host)}:8000/readyz', timeout=3).status_code
         except requests.RequestException:
             status = 0
         reads.append((host, status, time.time()))
     return reads
+
+
+class Watch:
+    """Each API host's /readyz read every second while a fault plays out."""
+
+    def __init__(self, cluster):
+        self.cluster, self.reads, self.stopping = cluster, [], threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True, name='readyz')
+
+    def run(self):
+        while not self.stopping.wait(1):
+            self.reads += readyz(self.cluster)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stopping.set()
+        self.thread.join(10)
+
+
+def truthful(name, effect):
+    """Whether a read of /readyz (host, status, when) told the truth under fault `name`: a host can't take
+    writes while the database is down (503, or no answer); a worker host's trouble (a lane briefly without
+    a consumer) is the cluster's, never an API host's (200); after the fault every host is fit (200)."""
+    down = effect.database_down
+
+    def check(host, status, when, after=False):
+        if after:
+            return status == 200
+        if down and down[0] + 1 < when < down[1] - 0.5:
+            return status != 200
+        if name.startswith('worker-'):
+            return status == 200
+        return True
+    return check
 
 
 def lines_of(cluster):
@@ -101,22 +140,33 @@ def lines_of(cluster):
     return out
 
 
+def works_ran(since):
+    """Works that ran to an end (succeeded or failed) since `since` (time.time())."""
+    from datetime import UTC, datetime
+
+    from workers.models import Work
+    return Work.objects.filter(started_at__gte=datetime.fromtimestamp(since, UTC),
+                               state__in=('succeeded', 'failed')).count()
+
+
 def lanes_client():
     from common import connections
     connections.forget()
     return connections.build('lanes')
 
 
-def one_fault(cluster, load, name, warm=10, after=15):
+def one_fault(cluster, load, name, warm, after):
     started = time.time()
     load.start()
     time.sleep(warm)
-    effect = FAULTS[name](cluster)
-    reads = readyz(cluster)
+    with Watch(cluster) as watch:
+        effect = FAULTS[name](cluster)
     time.sleep(after)
     load.stop()
     submissions = load.handles(since=started)
     outcome = Outcome(name, 0)
+    from django.db import connection
+    connection.close()  # the fault may have ended it (a database restart)
     final, calls = checks.wait_final(submissions, timeout=120)
     outcome.checks.append(final)
     outcome.checks.append(checks.cancelled_only_when_asked(submissions, calls))
@@ -128,20 +178,24 @@ def one_fault(cluster, load, name, warm=10, after=15):
     outcome.checks.append(checks.lanes_within_limits(calls, effect.fail_open))
     outcome.checks.append(checks.pools_sum(lambda: status_of(cluster)))
     all_sent = [s for s in load.submissions if s.sent >= started]
-    outcome.checks.append(checks.latency(all_sent, LATENCY_BOUND))
-    reads += readyz(cluster)
-    outcome.checks.append(checks.readiness(reads, lambda host, status, when: status == 200))
+    if effect.fail_open:  # the issue's bound is the failover's; other faults report their latency below
+        outcome.checks.append(checks.latency(all_sent, LATENCY_BOUND))
+    if name in PLANNED:
+        outcome.checks.append(checks.planned_restart_loses_no_request(all_sent))
+    outcome.checks.append(checks.readiness(watch.reads, readyz(cluster), truthful(name, effect)))
     statuses = {}
     for s in all_sent:
         key = str(s.status or s.error)
         statuses[key] = statuses.get(key, 0) + 1
+    took = sorted(s.took for s in all_sent if s.kind == 'polling')
     outcome.figures = {'submissions': statuses, 'handles': len(submissions),
+                       'async submission max s': round(took[-1], 2) if took else None,
                        'started twice': sum(1 for c in calls.values() if c.work.attempts > 1)}
     outcome.seconds = time.time() - started
     return outcome
 
 
-def run(workdir, faults, say=print):
+def run(workdir, faults, say=print, warm=10, after=15, measure_cost=True):
     cluster = Cluster(workdir)
     outcomes = []
     began = time.time()
@@ -151,8 +205,12 @@ def run(workdir, faults, say=print):
         cluster.up(lambda: prepare(cluster))
         say(f'cluster up in {time.time() - began:.0f} s')
         load = Load(cluster.proxy_url, cluster.tokens)
+        if measure_cost:
+            cluster.figures = measure.per_call(lanes_client(), load, works_ran)
+            load.submissions.clear()
+            say(f'Redis per call: {cluster.figures}')
         for name in faults:
-            outcome = one_fault(cluster, load, name)
+            outcome = one_fault(cluster, load, name, warm=warm, after=after)
             load.submissions.clear()
             outcomes.append(outcome)
             say(f'{name}: {"PASS" if outcome.passed else "FAIL"} in {outcome.seconds:.0f} s')
@@ -160,7 +218,7 @@ def run(workdir, faults, say=print):
                 say(f'    {"PASS" if check.passed else "FAIL"} {check.name}: {check.detail}')
     finally:
         cluster.down()
-    return outcomes, time.time() - began
+    return outcomes, time.time() - began, getattr(cluster, 'figures', {})
 
 
 if __name__ == '__main__':
