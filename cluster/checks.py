@@ -90,8 +90,8 @@ def runs_once(calls, lines, node_died):
             at_once += [pk for (_s1, e1), (s2, _e2) in zip(spans, spans[1:]) if s2 < e1 - 0.05]
     passed = node_died or not (twice or at_once)
     return Check('no work runs twice at once; twice only after a node died', passed,
-                 f'{len(works)} works, {len(twice)} started twice, {len(at_once)} delivered again while the '
-                 f'first delivery was still in its task {at_once[:3]} (a node died or was cut off: {node_died})')
+                 f'{len(works)} works, {len(twice)} started twice {twice[:3]}, {len(at_once)} delivered again while '
+                 f'the first delivery was still in its task {at_once[:3]} (a node died or was cut off: {node_died})')
 
 
 def lane_in_flight(lanes, prefix):
@@ -124,7 +124,7 @@ def leases_back(lanes, prefix, last_end, bound_seconds, timeout):
                  f'(bound {bound_seconds} s)')
 
 
-def over_limit(calls, slack_seconds=0.5):
+def over_limit(calls, slack_seconds=0.5, clock_ahead=None):
     """Calls admitted into a lane that already held their limit of other counted, open calls, from the rows:
     each call holds its lanes from its row's creation to its work's end less `slack_seconds` (inside the span
     it truly held them), and is compared with its own limit (a single-row call may use the reserve a bulk
@@ -134,7 +134,9 @@ def over_limit(calls, slack_seconds=0.5):
         admission = call.admission or {}
         if admission.get('decision') != 'admitted' or not admission.get('holding') or not call.work.finished_at:
             continue
-        end = call.work.finished_at - timedelta(seconds=slack_seconds)
+        ahead = next((seconds for host, seconds in (clock_ahead or {}).items()
+                      if f'@{host} ' in call.work.worker + ' '), 0)
+        end = call.work.finished_at - timedelta(seconds=slack_seconds + ahead)
         for lane, key, limit, _count in admission.get('lanes') or ():
             if lane != 'api_heavy_task' and end > call.created_at:
                 spans.setdefault(key, {}).setdefault(call.work_id, (call.created_at, end, int(limit)))
@@ -148,12 +150,12 @@ def over_limit(calls, slack_seconds=0.5):
     return excess
 
 
-def lanes_within_limits(calls, fail_open):
+def lanes_within_limits(calls, fail_open, clock_ahead=None):
     """No lane over its limit, but in two documented windows (docs/operations.md): a Redis failover (the
     lanes fail open) and a work taken over from a dead node, which is counted whatever its lanes hold, so a
     lane whose expired lease went to a new call holds one over until one of them ends — at most one over
     per work taken over."""
-    excess = over_limit(calls)
+    excess = over_limit(calls, clock_ahead=clock_ahead)
     taken_over = sum(1 for call in {c.work_id: c for c in calls.values()}.values() if call.work.attempts > 1)
     over = sum(worst - limit for worst, limit in excess.values())
     passed = not excess or fail_open or over <= taken_over

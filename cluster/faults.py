@@ -14,6 +14,7 @@ class Effect:
     node_died: bool = False
     fail_open: bool = False
     database_down: tuple = ()  # (from, to) time.time() while PostgreSQL was down
+    clock_ahead: dict = None  # {host: seconds} of a host whose clock ran ahead
 
 
 def _new_primary(cluster, old, timeout=40):
@@ -91,7 +92,7 @@ def worker_clock_ahead(cluster):
     cluster.stop_host('worker2', seconds=60)
     cluster.faketime.pop('worker2')
     cluster.start_workers('worker2')
-    return Effect()
+    return Effect(clock_ahead={'worker2': 30})
 
 
 def database_restarted(cluster):

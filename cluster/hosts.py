@@ -97,7 +97,10 @@ class Cluster:
         """`argv` run on `host`: in its network namespace, under its own host name, at its clock."""
         clock = self.faketime.get(host)
         if clock:
-            argv = ['faketime', '-f', clock, *argv]
+            # The wall clock only: a host whose clock is ahead still has a monotonic clock the kernel's
+            # timed waits agree with (libfaketime would move both, and every timed wait would sleep the
+            # offset longer).
+            argv = ['env', 'FAKETIME_DONT_FAKE_MONOTONIC=1', 'faketime', '-f', clock, *argv]
         return ['ip', 'netns', 'exec', self.net.namespace(host), 'unshare', '--uts', 'sh', '-c',
                 f'hostname {host} && exec "$@"', 'sh', *argv]
 
@@ -119,7 +122,19 @@ class Cluster:
             child.kill()
 
     def stop_host(self, host, seconds=30):
-        stop_children(self.on(host), seconds)
+        """Stop the host's services as `docker stop` does: the stop signal to each service's main process
+        only (gunicorn's master, Celery's main process, which then stop their own children gracefully),
+        SIGKILL for the groups after `seconds`."""
+        children = [child for child in self.on(host) if child.running()]
+        for child in children:
+            try:
+                os.kill(child.pid, child.stop_signal)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + seconds
+        while any(child.running() for child in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        stop_children(children, seconds=0)
 
     def stop(self):
         """The app hosts first, then Redis and the database they use."""
