@@ -22,12 +22,16 @@ def sentinel_set(tmp_path):
         pytest.skip('redis-server is not installed')
     primary, replica, sentinel = free_port(), free_port(), free_port()
     conf = tmp_path / 'sentinel.conf'
+    primary_dir, replica_dir = tmp_path / 'primary', tmp_path / 'replica'
+    primary_dir.mkdir()
+    replica_dir.mkdir()
     conf.write_text(f'port {sentinel}\nbind 127.0.0.1\ndir {tmp_path}\n'
                     f'sentinel monitor hl-test 127.0.0.1 {primary} 1\n'
                     'sentinel down-after-milliseconds hl-test 1000\nsentinel failover-timeout hl-test 5000\n')
     children = [
-        Child('primary', server_argv(primary), tmp_path / 'primary.log').start(),
-        Child('replica', [*server_argv(replica), '--replicaof', '127.0.0.1', str(primary)],
+        # Each in its own directory: a replica's first sync writes the primary's snapshot there.
+        Child('primary', server_argv(primary, data_dir=primary_dir), tmp_path / 'primary.log').start(),
+        Child('replica', [*server_argv(replica, data_dir=replica_dir), '--replicaof', '127.0.0.1', str(primary)],
               tmp_path / 'replica.log').start(),
         Child('sentinel', ['redis-server', str(conf), '--sentinel'], tmp_path / 'sentinel.log').start(),
     ]
