@@ -157,7 +157,8 @@ class Cluster:
         data = self.dir / 'pgdata'
         postgres = pwd.getpwnam('postgres')
         env = {'PATH': os.environ.get('PATH', ''), 'LANG': 'C.UTF-8'}
-        as_postgres = ['runuser', '-u', 'postgres', '--']
+        # setpriv execs (runuser would stay as the parent and not pass SIGINT, the fast shutdown, on).
+        as_postgres = ['setpriv', '--reuid=postgres', '--regid=postgres', '--init-groups']
         if init:
             data.mkdir()
             os.chown(data, postgres.pw_uid, postgres.pw_gid)

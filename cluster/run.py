@@ -11,7 +11,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from cluster import checks, measure
+from cluster import checks, floor, measure
 from cluster.faults import FAULTS
 from cluster.hosts import API_HOSTS, WORKER_HOSTS, Cluster
 from cluster.load import Load
@@ -195,7 +195,7 @@ def one_fault(cluster, load, name, warm, after):
     return outcome
 
 
-def run(workdir, faults, say=print, warm=10, after=15, measure_cost=True):
+def run(workdir, faults, say=print, warm=10, after=15, measure_cost=True, compare_floor=True):
     cluster = Cluster(workdir)
     outcomes = []
     began = time.time()
@@ -216,9 +216,13 @@ def run(workdir, faults, say=print, warm=10, after=15, measure_cost=True):
             say(f'{name}: {"PASS" if outcome.passed else "FAIL"} in {outcome.seconds:.0f} s')
             for check in outcome.checks:
                 say(f'    {"PASS" if check.passed else "FAIL"} {check.name}: {check.detail}')
+        floor_faults = [name for name in floor.FAULT_STEPS if name in faults]
+        if compare_floor and floor_faults:
+            cluster.floor = floor.compare(cluster, floor_faults)
+            say(f'plain Celery (published, vanished, refused): {cluster.floor}')
     finally:
         cluster.down()
-    return outcomes, time.time() - began, getattr(cluster, 'figures', {})
+    return outcomes, time.time() - began, {**getattr(cluster, 'figures', {}), 'floor': getattr(cluster, 'floor', {})}
 
 
 if __name__ == '__main__':

@@ -15,7 +15,7 @@ from tests.conftest import missing_service
 from tests.integration.workers.conftest import ROOT
 
 pytestmark = [pytest.mark.slow]
-TOOLS = ('ip', 'nginx', 'redis-server', 'faketime', 'runuser', 'unshare')
+TOOLS = ('ip', 'nginx', 'redis-server', 'faketime', 'setpriv', 'unshare')
 
 
 def namespaces():
