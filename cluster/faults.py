@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from cluster.hosts import API_HOSTS, wait_for
 
+PROXY_FAIL_TIMEOUT = 10  # deploy/nginx.conf: max_fails=3 fail_timeout=10s
+
 
 @dataclass
 class Effect:
@@ -59,7 +61,9 @@ def rolling_restart(cluster):
         cluster.stop_host(host, seconds=35)  # compose's stop_grace_period
         cluster.start_api(host)
         wait_for(lambda host=host: cluster.api_ready(host, '/readyz'), 60, f'{host} ready again')
-        time.sleep(3)
+        # nginx took the host out for fail_timeout (10 s) when its connections were refused: stopping the
+        # next one before then leaves no upstream (docs/deployment.md, "Rolling restart").
+        time.sleep(PROXY_FAIL_TIMEOUT + 1)
     return Effect()
 
 

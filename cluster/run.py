@@ -82,8 +82,12 @@ def readyz(cluster):
     reads = []
     for host in API_HOSTS:
         try:
-            status = requests.get(f'http://{cluster.addr(host)}:8000/readyz', timeout=3).status_code
-        except requests.RequestException:
+            answer = requests.get(f'http://{cluster.addr(host)}:8000/readyz', timeout=3)
+            status = answer.status_code
+            if status == 503:  # say which check failed: '503 broker=TimeoutError'
+                failed = {k: v for k, v in (answer.json().get('checks') or {}).items() if v != 'ok'}
+                status = '503 ' + ','.join(f'{k}={v}' for k, v in failed.items())
+        except (requests.RequestException, ValueError):
             status = 0
         reads.append((host, status, time.time()))
     return reads
