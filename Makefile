@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint venv migrate clean bench
+.PHONY: run test lint venv migrate clean bench cluster
 
 $(STAMP): requirements/base.txt requirements/dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,6 +55,15 @@ bench: $(STAMP)
 	$(PY) bench/quality.py
 	$(PY) bench/answer_memory.py
 	$(PY) bench/flood.py
+
+# The production shape on this machine (cluster/, docs/cluster.md): one network namespace per host, every fault
+# of the issue under load, the checks after each; writes docs/cluster.md. Needs root (it installs nginx,
+# redis-sentinel and faketime when they are missing) and PostgreSQL's binaries; about 15 minutes.
+cluster: $(STAMP)
+	@for tool in nginx redis-sentinel faketime; do command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; done; \
+	if [ -n "$$missing" ]; then pkgs=$$(echo $$missing | sed 's/nginx/nginx-light/'); \
+		apt-get install -y -q $$pkgs || { apt-get update -q && apt-get install -y -q $$pkgs; }; fi
+	$(PY) -m cluster
 
 clean:
 	rm -rf $(VENV) var

@@ -299,8 +299,12 @@ CELERY_BROKER_URL = os.environ.get('CELERY_BROKER_URL') or (';'.join(
     'sentinel://{auth}{host}:{port}/{db}'.format(auth=f':{REDIS_PASSWORD}@' if REDIS_PASSWORD else '', host=host,
                                                  port=port, db=REDIS_DB)
     for host, port in REDIS_SENTINELS_LIST) if REDIS_SENTINELS and REDIS_SENTINELS_LIST else REDIS_URL)
+# kombu's Redis transports, with one publishing client per channel and acknowledgements that never cost a
+# prefetch slot (workers/broker.py), the Sentinel one too.
 if CELERY_BROKER_URL.split('://', 1)[0] in ('redis', 'rediss'):
-    CELERY_BROKER_TRANSPORT = 'workers.broker:Transport'  # kombu's, with one publishing client per channel
+    CELERY_BROKER_TRANSPORT = 'workers.broker:Transport'
+elif CELERY_BROKER_URL.startswith('sentinel://'):
+    CELERY_BROKER_TRANSPORT = 'workers.broker:SentinelTransport'
 CELERY_RESULT_BACKEND = 'django-db'
 CELERY_RESULT_EXTENDED = True
 CELERY_TASK_SERIALIZER = 'json'

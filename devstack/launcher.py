@@ -8,7 +8,7 @@
 2. Prepares the database in a child process (`python -m devstack --prepare`): migrate, `load_terminology
    hpo`, `create_demo_users`. Each step is idempotent and quick the second time.
 3. Starts, at once: a one-shot child that builds the match indexes into VAR_DIR/indexes/ (once; later runs
-   only check them), the API (gunicorn api.wsgi, WEB_CONCURRENCY sync workers, default 3, on
+   only check them), the API (gunicorn api.wsgi, api/gunicorn_config.py's 2 gthread processes,
    127.0.0.1:$PORT), Celery beat and the maintenance worker that runs the sweep and retention it sends,
    and Flower (127.0.0.1:$FLOWER_PORT, basic auth). Once the indexes are built (or their step failed), one
    Celery worker per lane queue (`-Q <queue> -n <queue>@%h -P prefork -c 1`; each then sizes its own pool

@@ -16,8 +16,10 @@
    removed only means the broker delivers the message again after its visibility timeout, and the worker
    then finds the call ended and doesn't run it (workers.lifecycle.start).
 
-Used only for `redis://` and `rediss://` broker URLs (api/settings.py); a `sentinel://` URL keeps kombu's
-Sentinel transport. The consuming side (the asynchronous client) is kombu's own.
+`Transport` serves `redis://` and `rediss://` broker URLs, `SentinelTransport` the `sentinel://` ones that
+api/settings.py builds from REDIS_SENTINELS_LIST (kombu's Sentinel transport, which asks the Sentinels for
+the primary on every new connection, with the same three changes: before, a Sentinel deployment lost them).
+The consuming side (the asynchronous client) is kombu's own.
 """
 import logging
 import weakref
@@ -71,7 +73,9 @@ class QoS(kombu_redis.QoS):
         self.unsettled.clear()
 
 
-class Channel(kombu_redis.Channel):
+class _Changes:
+    """The channel's changes (1 to 3 above), over kombu's plain or Sentinel channel."""
+
     QoS = QoS
     _publish_client = None
 
@@ -90,8 +94,20 @@ class Channel(kombu_redis.Channel):
         return client
 
 
+class Channel(_Changes, kombu_redis.Channel):
+    pass
+
+
+class SentinelChannel(_Changes, kombu_redis.SentinelChannel):
+    pass
+
+
 class Transport(kombu_redis.Transport):
     Channel = Channel
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    Channel = SentinelChannel
 
 
 def ack_status():
