@@ -9,11 +9,12 @@ from django.contrib import admin
 from django.utils.html import format_html_join
 
 from capacity.config import diff
+from common.admin import StaffReadOnly
 from capacity.models import CapacityConfig
 
 
 @admin.register(CapacityConfig)
-class CapacityConfigAdmin(admin.ModelAdmin):
+class CapacityConfigAdmin(StaffReadOnly):
     list_display = ('__str__', 'created_at', 'created_by', 'source', 'note', 'changes')
     list_filter = ('source', 'created_at')
     search_fields = ('note', 'created_by__username')
@@ -28,18 +29,3 @@ class CapacityConfigAdmin(admin.ModelAdmin):
         """Each setting this version changed, `path: old → new`."""
         return format_html_join(', ', '<code>{}</code>: {} → {}', (
             (path, old, new) for path, (old, new) in diff(row.previous_config, row.config).items()))
-
-    def has_module_permission(self, request):
-        return request.user.is_active and request.user.is_staff
-
-    def has_view_permission(self, request, obj=None):
-        return request.user.is_active and request.user.is_staff
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False

@@ -8,36 +8,22 @@ without model permissions, as they read any call at GET /tasks/<id>/ and GET /ta
 """
 from django.contrib import admin, messages
 
+from common.admin import StaffReadOnly
 from workers.models import Call, Work
 
 # workers.lifecycle is imported where it is used: Django loads this module while workers.celery is being
 # imported (its django.setup()), and the lifecycle imports workers.celery.
 
 
-class StaffReadOnly(admin.ModelAdmin):
-    """Every staff user views; nobody adds, changes or deletes here."""
-
-    def has_module_permission(self, request):
-        return request.user.is_active and request.user.is_staff
-
-    def has_view_permission(self, request, obj=None):
-        return request.user.is_active and request.user.is_staff
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
+class EveryFieldShown(StaffReadOnly):
+    """Every field of the model shown, none editable."""
 
     def get_readonly_fields(self, request, obj=None):
         return [field.name for field in self.model._meta.fields]
 
 
 @admin.register(Call)
-class CallAdmin(StaffReadOnly):
+class CallAdmin(EveryFieldShown):
     list_display = ('id', 'owner', 'endpoint', 'state', 'rows', 'run_id', 'served_as', 'queue', 'created_at',
                     'cancelled_at')
     list_filter = ('endpoint', 'served_as', 'work__state', 'work__queue', 'created_at')
@@ -66,7 +52,7 @@ class CallAdmin(StaffReadOnly):
 
 
 @admin.register(Work)
-class WorkAdmin(StaffReadOnly):
+class WorkAdmin(EveryFieldShown):
     list_display = ('id', 'endpoint', 'queue', 'state', 'rows', 'rows_done', 'holders', 'attempts', 'worker',
                     'created_at', 'started_at', 'finished_at')
     list_filter = ('state', 'queue', 'endpoint', 'shared', 'created_at')
