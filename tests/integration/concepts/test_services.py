@@ -2,7 +2,7 @@
 import pytest
 from rest_framework.exceptions import ValidationError
 
-from concepts.services import run_match, run_rerank, validate_match
+from concepts.services import chunks, run_match, run_rerank, validate_match
 
 URL = '/orgs/HL/sources/TinyClinical/'
 
@@ -176,14 +176,22 @@ def test_rerank_keeps_input_order_for_equal_scores():
 @pytest.mark.parametrize('semantic, reranker', [(True, True), (False, True), (True, False)])
 def test_reporting_progress_a_chunk_at_a_time_changes_no_answer(tiny_source, semantic, reranker):
     rows = [{'name': name} for name in ('heart attack', 'high blood pressure', 'fever', 'sugar diabetes',
-                                        'acetaminophen', 'chest pain', 'zzz')] * 30  # 210 rows: chunks of 21
+                                        'acetaminophen', 'chest pain', 'zzz')] * 30  # 210 rows: chunks of 64
     payload = validate_match({'rows': rows, 'target_repo_url': URL}, {'limit': '5'})
     reports = []
     chunked = run_match(payload, semantic, reranker, progress=lambda done, total: reports.append((done, total)))
     assert chunked == run_match(payload, semantic, reranker)
-    assert reports == [(21 * k, 210) for k in range(1, 11)]
+    assert reports == [(64, 210), (128, 210), (192, 210), (210, 210)]
     body = {'q': 'heart attack', 'name_key': 'name',
             'rows': [{'name': row['name'], 'n': i} for i, row in enumerate(rows)]}
     reports.clear()
     assert run_rerank(body, progress=lambda done, total: reports.append(done)) == run_rerank(body)
-    assert reports == [21 * k for k in range(1, 11)]
+    assert reports == [64, 128, 192, 210]
+
+
+@pytest.mark.parametrize('total, expected', [
+    (1, [(0, 1)]), (20, [(0, 20)]), (64, [(0, 64)]), (65, [(0, 64), (64, 65)]),
+    (1000, [(k * 100, k * 100 + 100) for k in range(10)]),  # tenths once a tenth is over 64 rows
+])
+def test_a_run_reports_progress_in_tenths_of_no_fewer_than_64_rows(total, expected):
+    assert chunks(total) == expected
