@@ -37,6 +37,7 @@ SENTINEL_HOSTS = ('redis1', 'redis2', 'redis3')
 PG_BIN = max(Path('/usr/lib/postgresql').glob('*/bin'), key=lambda path: int(path.parent.name),
              default=Path('/usr/lib/postgresql/15/bin'))
 MASTER = 'mymaster'
+SKEWED = Path(__file__).resolve().parent / 'skewed'  # the sitecustomize of a host whose clock is set ahead
 SECRET = 'cluster-harness-not-a-real-secret-0123456789abcdef'
 METRICS_TOKEN = 'cluster-metrics'
 PYTHON = sys.executable
@@ -53,6 +54,14 @@ def wait_for(predicate, timeout, what, interval=0.2):
             return
         time.sleep(interval)
     raise TimeoutError(f'timed out after {timeout} s waiting for {what}')
+
+
+def libfaketime():
+    """Debian's libfaketime (package faketime), which sets a host's clock ahead."""
+    found = sorted(Path('/usr/lib').glob('*/faketime/libfaketime.so.1'))
+    if not found:
+        raise RuntimeError('libfaketime is missing: apt-get install -y faketime')
+    return found[0]
 
 
 class Cluster:
@@ -99,8 +108,11 @@ class Cluster:
         if clock:
             # The wall clock only: a host whose clock is ahead still has a monotonic clock the kernel's
             # timed waits agree with (libfaketime would move both, and every timed wait would sleep the
-            # offset longer).
-            argv = ['env', 'FAKETIME_DONT_FAKE_MONOTONIC=1', 'faketime', '-f', clock, *argv]
+            # offset longer). Its Python sleeps through cluster/skewed/sitecustomize.py (see there why).
+            # The library is preloaded by `env`, which execs: the `faketime` command forks its program and
+            # dies of a SIGTERM without passing it on, so a warm stop of the host became a SIGKILL.
+            argv = ['env', f'LD_PRELOAD={libfaketime()}', f'FAKETIME={clock}', 'FAKETIME_DONT_FAKE_MONOTONIC=1',
+                    f'PYTHONPATH={SKEWED}', *argv]
         return ['ip', 'netns', 'exec', self.net.namespace(host), 'unshare', '--uts', 'sh', '-c',
                 f'hostname {host} && exec "$@"', 'sh', *argv]
 
