@@ -17,7 +17,6 @@ field of /capacity/status/.
 trips and two small reads, each bounded by its client's timeouts. It answers 200 or 503 with every check, so
 a load balancer or an operator sees which one failed; an error is named by its class only (no host names).
 """
-import time
 
 from django.conf import settings
 from django.db import connection
@@ -59,13 +58,11 @@ def check_broker():
     connections.connect('status', settings.CELERY_BROKER_URL).ping()
 
 
-def live_consumers(queue, now=None):
-    """The nodes consuming `queue` that published their pool recently enough to be alive."""
-    now = time.time() if now is None else now
+def live_consumers(queue):
+    """The nodes consuming `queue` that published their pool recently enough (by Redis's clock) to be alive."""
     fresh = READY_STALE_FACTOR * settings.WORKERS_RECONCILE_SECONDS
     pools = read_pools(connections.connect('status'), queue)
-    return sorted(node for node, pool in pools.items()
-                  if pool.get('consuming') and now - pool['updated'] <= fresh)
+    return sorted(node for node, pool in pools.items() if pool.get('consuming') and pool['age'] <= fresh)
 
 
 def check_consumers(config):

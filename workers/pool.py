@@ -24,7 +24,6 @@ stop the reconciler are in workers.signals.
 import json
 import logging
 import threading
-import time
 
 import redis
 from celery.worker import control as worker_control
@@ -127,9 +126,17 @@ def share_of(total, nodes, me):
     return base + (1 if ordered.index(me) < extra else 0)
 
 
+def server_time(client):
+    """Redis's clock, in seconds: every node's heartbeat and published pool is timed by it, as the leases
+    are, so a host whose clock is ahead neither keeps a stopped node alive nor takes live ones for gone
+    (a node 30 s ahead once saw every other node expired and took a whole lane's pool beside theirs)."""
+    seconds, micros = client.time()
+    return seconds + micros / 1e6
+
+
 def live_nodes(client, queue, me, ttl_seconds):
     """Refresh `me`'s heartbeat for `queue` and return the nodes whose heartbeat hasn't expired."""
-    now = time.time()
+    now = server_time(client)
     key = nodes_key(queue)
     pipe = client.pipeline()
     pipe.zremrangebyscore(key, '-inf', now)
@@ -140,15 +147,18 @@ def live_nodes(client, queue, me, ttl_seconds):
 
 
 def read_pools(client, queue):
-    """{node: {share, processes, consuming, configured, updated}} as the lane's nodes last published."""
+    """{node: {share, processes, consuming, configured, updated, age}} as the lane's live nodes last
+    published; `age`: seconds since, by Redis's clock."""
     raw = client.hgetall(pool_key(queue))
-    now = time.time()
+    now = server_time(client)
     pools = {}
     live = {n.decode() if isinstance(n, bytes) else n for n in client.zrangebyscore(nodes_key(queue), now, '+inf')}
     for node, value in raw.items():
         node = node.decode() if isinstance(node, bytes) else node
         if node in live:
-            pools[node] = json.loads(value)
+            pool = json.loads(value)
+            pool['age'] = max(now - pool['updated'], 0.0)
+            pools[node] = pool
     return pools
 
 
@@ -288,6 +298,6 @@ class PoolReconciler(threading.Thread):
             'consuming': self.consuming(queue),
             'acks_unsettled': acks['unsettled'],
             'acks_failed_total': acks['failed_total'],
-            'updated': time.time(),
+            'updated': server_time(self.client),
         }))
         self.client.expire(pool_key(queue), int(self.interval * HEARTBEAT_FACTOR * 2) + 1)

@@ -7,7 +7,6 @@ so depth counts only calls that still wait. The oldest waiting age comes from th
 still queued and not past their deadline. Pools are what each live lane node last published
 (workers.pool). No Celery import here.
 """
-import time
 
 import redis
 from django.conf import settings
@@ -52,7 +51,7 @@ def get_queues(config):
                                    'drift': pool['processes'] - pool['share'] if pool['consuming'] else 0,
                                    'acks_unsettled': pool.get('acks_unsettled', 0),
                                    'acks_failed_total': pool.get('acks_failed_total', 0),
-                                   'seen_seconds_ago': round(time.time() - pool['updated'], 1)}
+                                   'seen_seconds_ago': round(pool['age'], 1)}
                             for node, pool in sorted(pools.items())}
         consuming = [pool for pool in pools.values() if pool['consuming']]
         entry['consumers'] = len(consuming)
