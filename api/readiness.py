@@ -17,6 +17,7 @@ field of /capacity/status/.
 trips and two small reads, each bounded by its client's timeouts. It answers 200 or 503 with every check, so
 a load balancer or an operator sees which one failed; an error is named by its class only (no host names).
 """
+import logging
 
 from django.conf import settings
 from django.db import connection
@@ -27,6 +28,7 @@ from common import connections
 from workers import lanes
 from workers.pool import read_pools
 
+logger = logging.getLogger('heavy_lanes')
 OK = 'ok'
 READY_STALE_FACTOR = 1.5  # a node silent for 1.5 reconcile intervals is taken for gone (15 s by default)
 
@@ -82,6 +84,8 @@ def run_checks():
             checks[name] = check() or OK
         except Exception as ex:  # noqa: BLE001 - a failed check is the answer, not an error
             checks[name] = type(ex).__name__
+            # The answer names the class only; the log keeps the message, for the operator who asks why.
+            logger.warning('Readiness check %s failed: %s: %s', name, type(ex).__name__, ex)
     try:
         cluster = {'consumers': check_consumers(get_config()) or OK}
     except Exception as ex:  # noqa: BLE001 - a fact it couldn't read is said, and never fails readiness
