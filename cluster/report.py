@@ -35,6 +35,12 @@ Settings that differ from production's defaults, so a fault plays out within a m
 `renew_seconds` 5, `WORKERS_SWEEP_SECONDS` 5, `WORKERS_SWEEP_GRACE_SECONDS` 10, `WORKERS_RECONCILE_SECONDS` 2,
 `CAPACITY_CONFIG_CACHE_SECONDS` 2; mode `enforce` for everyone; the `tfidf-svd` embedder and `fuzzy` reranker
 (the sentence model would need a core per process); Sentinel `down-after-milliseconds` 2000.
+
+The clock fault runs worker2's nodes with libfaketime preloaded (`FAKETIME=+30s`, the wall clock only) and
+their Python sleeping through `select` (cluster/skewed/sitecustomize.py): that libfaketime fails Python's
+`time.sleep`, and the `faketime` command forks and drops the SIGTERM of a warm stop. The service times
+every liveness it compares across hosts by one clock: a work's claim and heartbeats by the database's, a
+lane node's heartbeat and published pool and every lease by Redis's.
 """
 
 
