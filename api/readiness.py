@@ -19,6 +19,7 @@ a load balancer or an operator sees which one failed; an error is named by its c
 """
 import logging
 
+import redis
 from django.conf import settings
 from django.db import connection
 
@@ -57,7 +58,16 @@ def check_lanes():
 
 
 def check_broker():
-    connections.connect('status', settings.CELERY_BROKER_URL).ping()
+    """Raises when the broker doesn't answer PING, asked twice: a pooled connection the server lost meanwhile
+    fails its first write (the cluster run saw `Error 32 while writing to socket. Broken pipe.` on an API host
+    whose link had come back), and a probe that failed on that alone would take a fit host out of its load
+    balancer for a probe interval. The second ask is on a new connection; PING is safe to repeat."""
+    client = connections.connect('status', settings.CELERY_BROKER_URL)
+    try:
+        client.ping()
+    except redis.ConnectionError:
+        client.connection_pool.disconnect(inuse_connections=False)
+        client.ping()
 
 
 def live_consumers(queue):

@@ -56,6 +56,33 @@ def test_readyz_fails_while_the_broker_is_down_and_recovers_when_it_is_back(
         stop_children([back])
 
 
+class BrokenPipe:
+    """A pooled connection's socket whose peer is gone without it knowing: reads find nothing waiting (so
+    the pool's checkout hands it out), the first write fails with EPIPE, as the cluster's API host saw after
+    its link came back."""
+
+    def __init__(self, sock):
+        self.sock = sock
+
+    def sendall(self, data):
+        raise BrokenPipeError(32, 'Broken pipe')
+
+    def __getattr__(self, name):
+        return getattr(self.sock, name)
+
+
+def test_a_pooled_broker_connection_that_lost_its_peer_doesnt_fail_readiness(
+        own_broker, lanes_redis, configure, client):
+    configure(**PAUSED)
+    assert ready(client)[0] == 200
+    pool = connections.connect('status', own_broker[1]).connection_pool
+    idle = list(pool._available_connections)
+    assert idle and all(conn._sock is not None for conn in idle)
+    for conn in idle:
+        conn._sock = BrokenPipe(conn._sock)
+    assert ready(client) == (200, {'database': 'ok', 'lanes': 'ok', 'broker': 'ok'})
+
+
 def test_a_lane_without_a_consumer_is_said_and_never_fails_the_hosts_readiness(
         broker, start_worker, configure, client, settings):
     settings.WORKERS_RECONCILE_SECONDS = 0.5  # the workers' (start_worker), so stale is 0.75 s here
