@@ -354,6 +354,9 @@ CELERY_DB_REUSE_MAX = env_int('CELERY_DB_REUSE_MAX', 1000)
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # The per-call JSON lines go to stdout as they are (one JSON object a line), not wrapped in log records.
 CELERY_WORKER_REDIRECT_STDOUTS = False
+# The niceness of the pool processes of a node that serves only bulk lanes (workers.signals.yield_to_requests):
+# on a host they share with the API, requests and single-row calls get a core first. 0 leaves them as started.
+WORKERS_BULK_NICENESS = env_int('WORKERS_BULK_NICENESS', 10)
 # How often a running call's worker beats its row (and so how soon a cancel reaches a call whose revoke was
 # lost); a delivery takes over from a worker whose beat is older than lease_seconds.
 WORKERS_HEARTBEAT_SECONDS = env_float('WORKERS_HEARTBEAT_SECONDS', 5.0)

@@ -12,8 +12,8 @@ these handlers runs, or is even registered, outside a worker.
   pool process, so every log line of it carries the id (common.jsonlog); before a task, drop a database
   connection that failed and is gone (common.database.drop_broken_connections), as `task_revoked` and
   `task_failure` do in the main process; `worker_process_init`: a new pool process lets go of its
-  parent's connections without touching them (common.database.forget_inherited_connections) and builds
-  its result backend;
+  parent's connections without touching them (common.database.forget_inherited_connections), builds
+  its result backend and, on a node of bulk lanes only, lowers its CPU priority (`yield_to_requests`);
 - `celeryd_after_setup`, `worker_ready`, `worker_shutdown`: don't consume a paused queue at start, load the
   match indexes before the pool forks (concepts.services.warm) and freeze what is loaded out of the
   garbage collector's reach, and start and stop the node's pool reconciler (workers.pool).
@@ -35,6 +35,7 @@ from celery.worker import heartbeat
 
 from capacity.config import get_config
 from common.database import drop_broken_connections, forget_inherited_connections
+from django.conf import settings
 from django.db import connection
 
 from common import request_id
@@ -146,6 +147,22 @@ _bound = []  # the request id bound by task_prerun in this pool process (one tas
 @worker_process_init.connect
 def forget_parent_database_connections(**kwargs):
     forget_inherited_connections()
+
+
+@worker_process_init.connect
+def yield_to_requests(**kwargs):
+    """A pool process of a node that serves only bulk lanes (es2_knn, api_heavy) runs at niceness
+    WORKERS_BULK_NICENESS (default 10): where the API and the workers share cores (`make run`, a small
+    host), the API's requests and a person's single-row call (the interactive lane, left at 0) get a core
+    first, and the bulk work still has every cycle they leave, so its throughput is the same. The main
+    process (the consumer, the reconciler, the heartbeats' Redis) keeps its priority."""
+    niceness = settings.WORKERS_BULK_NICENESS
+    if niceness <= 0 or not _served or any(lanes.get_queue(name).single_row for name in _served):
+        return
+    try:
+        os.nice(niceness)
+    except OSError as ex:
+        logger.warning('Pool process %s could not lower its priority: %s', os.getpid(), ex)
 
 
 @worker_process_init.connect
