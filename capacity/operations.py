@@ -53,9 +53,29 @@ def release_call(keys, token, acquired_ms, ran):
     return [*keys, holds_key()], args
 
 
+class RedisClock:
+    """How far Redis's clock is ahead of this host's (ms; negative when behind), learnt from the acquires'
+    replies (each carries Redis's clock when it ran). An acquire's `not_after_ms` is on Redis's clock: from
+    this host's alone, a host whose clock is more than the slack behind Redis's had every acquire refused as
+    late, and one ahead gave a hung Redis that much longer to take leases nobody waits for."""
+
+    def __init__(self):
+        self.offset_ms = 0.0
+
+    def learn(self, redis_ms, sent, received):
+        """Redis said `redis_ms` between this host's `sent` and `received` (time.time())."""
+        self.offset_ms = redis_ms - (sent + received) * 500.0
+
+    def now_ms(self):
+        return time.time() * 1000 + self.offset_ms
+
+
+CLOCK = RedisClock()  # per process; a forked child starts from its parent's reading
+
+
 def get_not_after_ms():
-    """Epoch ms after which Redis must not run an acquire: the caller's deadline plus clock slack."""
-    return int((time.time() + settings.CAPACITY_REDIS_DEADLINE_SECONDS + NOT_AFTER_SLACK_SECONDS) * 1000)
+    """Epoch ms by Redis's clock after which it must not run an acquire: the caller's deadline plus slack."""
+    return int(CLOCK.now_ms() + (settings.CAPACITY_REDIS_DEADLINE_SECONDS + NOT_AFTER_SLACK_SECONDS) * 1000)
 
 
 def text(value):
@@ -136,18 +156,32 @@ class Operations:
 
         `limits` are the lanes' limits, in `keys` order. Not forced, a call takes nothing when a lane is full
         (count >= limit). `not_after_ms` (epoch ms) defaults to get_not_after_ms(); Redis running the script
-        later than that raises redis.TimeoutError(LATE_ACQUIRE) and takes nothing.
+        later than that raises redis.TimeoutError(LATE_ACQUIRE) and takes nothing — unless it answered within
+        the deadline and the deadline was this call's own, which was then set by a clock that was wrong: it is
+        sent once more, set by Redis's clock as that answer told it (RedisClock).
         """
         keys, limits = list(keys), [int(limit) for limit in limits]
         if not keys or len(keys) != len(limits):
             raise BadCall(f'acquire needs keys and one limit per key, got {len(keys)} keys and '
                           f'{len(limits)} limits')
-        if not_after_ms is None:
-            not_after_ms = get_not_after_ms()
-        args = [token, int(lease_ms), '1' if force else '0', int(not_after_ms), *limits,
-                *(hold_field(key) for key in keys)]
-        result = self._script('acquire', [*keys, expired_key(), holds_key()], args)
-        if int(result[0]) == -1:
+        own_deadline = not_after_ms is None
+        for _attempt in range(2 if own_deadline else 1):
+            if own_deadline:
+                not_after_ms = get_not_after_ms()
+            args = [token, int(lease_ms), '1' if force else '0', int(not_after_ms), *limits,
+                    *(hold_field(key) for key in keys)]
+            sent = time.time()
+            result = self._script('acquire', [*keys, expired_key(), holds_key()], args)
+            received = time.time()
+            if len(result) > 1:
+                CLOCK.learn(int(result[1]), sent, received)
+            if int(result[0]) != -1:
+                break
+            # Late by Redis's clock though the answer came within the deadline: the clock was wrong, not
+            # Redis slow. Once more, with the deadline on the clock just learnt.
+            if not own_deadline or received - sent >= settings.CAPACITY_REDIS_DEADLINE_SECONDS:
+                raise redis.TimeoutError(LATE_ACQUIRE)
+        else:
             raise redis.TimeoutError(LATE_ACQUIRE)
         lanes = len(keys)
         holds = tuple(None if int(hold) < 0 else int(hold) for hold in result[2 + lanes:2 + 2 * lanes])

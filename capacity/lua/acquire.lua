@@ -15,7 +15,8 @@
 -- ARGV[5..]   limit_i       calls in flight allowed in lane i, one per lane key, in KEYS order
 -- ARGV[5+n..] field_i       lane i's field in the hold-time hash, one per lane key, in KEYS order
 --
--- Returns {-1} when Redis runs the script after not_after_ms (it sat in a buffer while Redis hung);
+-- Returns {-1, now_ms} when Redis runs the script after not_after_ms (it sat in a buffer while Redis hung,
+-- or the caller's clock is behind Redis's: now_ms lets it tell which);
 -- else {taken (1 or 0), now_ms, count_1, ..., count_n}: now_ms is Redis's clock (epoch ms) when the
 -- leases were taken, which release.lua measures the hold from; each count is the lane's unexpired leases
 -- before this call, not counting a lease this token already holds, so acquiring again with the same
@@ -47,7 +48,7 @@ if lanes < 1 or #ARGV ~= 4 + 2 * lanes or not lease_ms or lease_ms <= 0 or not n
 end
 
 if now_ms > not_after_ms then
-  return {-1}
+  return {-1, now_ms}
 end
 
 local result = {0, now_ms}
