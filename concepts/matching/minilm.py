@@ -18,7 +18,11 @@ tokens, L2-normalized), as sentence-transformers computes them for this model.
 The ONNX session and the tokenizer have native thread pools, so they are made on first use in the process
 that uses them, never before a fork: a lane worker's main process (concepts.services.warm) must not call
 `embed`. Queries run on a session of CONCEPTS_MODEL_THREADS threads (default 1: a pool process is one unit
-of a lane's concurrency); an index build runs on one of CONCEPTS_BUILD_THREADS (default: every core).
+of a lane's concurrency); an index build runs CONCEPTS_BUILD_THREADS one-thread sessions side by side
+(default: one per core), each on its own share of the batches. A session's threads meet at every operator,
+so on a shared machine one descheduled thread stalls the others: side by side, each session goes on alone
+(HPO's 55,691 texts: as fast as one two-thread session on an idle 2-core machine, and faster under load,
+docs/quality.md).
 `Encoder` objects are cheap to make and to pickle before that. The session is per process
 (`common.process.PerProcess`): a forked child that inherits an encoder makes its own.
 """
@@ -26,6 +30,7 @@ import hashlib
 import importlib.util
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 
@@ -90,7 +95,7 @@ def threads():
 
 
 def build_threads():
-    """Intra-op threads of the session that embeds a whole source at index build: CONCEPTS_BUILD_THREADS,
+    """One-thread sessions that embed a whole source at index build, side by side: CONCEPTS_BUILD_THREADS,
     else every core. A build is rare, long (minutes for the HPO) and waited for by whoever needs it."""
     return _setting('CONCEPTS_BUILD_THREADS', os.cpu_count() or 1)
 
@@ -139,7 +144,7 @@ class _Runtime:
 
 
 _runtime = PerProcess(lambda: _Runtime(threads()))
-_build_runtime = PerProcess(lambda: _Runtime(build_threads()))
+_build_runtimes = PerProcess(lambda: [_Runtime(1) for _ in range(build_threads())])
 
 
 @lru_cache(maxsize=1)
@@ -165,15 +170,25 @@ class Encoder:
 
     def embed(self, texts, max_tokens=MAX_TOKENS, build=False):
         """(len(texts), 384) float32 unit vectors of at most `max_tokens` tokens each (with [CLS] and [SEP]);
-        an empty text embeds as [CLS] [SEP] does. `build`: on the index build's session (every core), made
-        on first use and kept in the process."""
+        an empty text embeds as [CLS] [SEP] does. `build`: on the index build's sessions (one per core),
+        made on first use and kept in the process."""
         texts = [' '.join(str(text).split()) for text in texts]
         out = np.zeros((len(texts), DIMENSIONS), dtype=np.float32)
         if not texts:
             return out
-        runtime = (_build_runtime if build else _runtime).get()
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        for start in range(0, len(order), BATCH):
-            chosen = order[start:start + BATCH]
-            out[chosen] = runtime.run([texts[i] for i in chosen], max_tokens)
+        batches = [order[start:start + BATCH] for start in range(0, len(order), BATCH)]
+        runtimes = _build_runtimes.get() if build else [_runtime.get()]
+
+        def embed_share(which):
+            runtime = runtimes[which]
+            for chosen in batches[which::len(runtimes)]:  # batches of every length, a share of each
+                out[chosen] = runtime.run([texts[i] for i in chosen], max_tokens)
+
+        runtimes = runtimes[:len(batches)]
+        if len(runtimes) == 1:
+            embed_share(0)
+        else:
+            with ThreadPoolExecutor(len(runtimes)) as pool:  # onnxruntime runs without the GIL
+                list(pool.map(embed_share, range(len(runtimes))))
         return out

@@ -33,6 +33,13 @@ def test_a_text_gets_the_same_vector_alone_or_padded_in_a_batch(encoder):
     np.testing.assert_allclose(together, alone, atol=1e-5)
 
 
+def test_the_build_sessions_side_by_side_give_the_query_session_vectors(encoder, monkeypatch):
+    monkeypatch.setattr(minilm, '_build_runtimes', minilm.PerProcess(lambda: [minilm._Runtime(1)
+                                                                           for _ in range(3)]))
+    texts = [f'{"kidney " * (i % 7)}cyst number {i}' for i in range(5 * minilm.BATCH + 3)]
+    np.testing.assert_allclose(encoder.embed(texts, build=True), encoder.embed(texts), atol=1e-5)
+
+
 def test_long_texts_are_cut_at_the_token_limit(encoder):
     words = ' '.join(['kidney'] * 300)
     np.testing.assert_allclose(encoder.embed([words]), encoder.embed([' '.join(['kidney'] * 200)]), atol=1e-5)

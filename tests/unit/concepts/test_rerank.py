@@ -38,16 +38,41 @@ def test_the_semantic_reranker_without_a_source_embeds_the_texts_it_is_given():
     assert 1.0 >= near > far >= 0.0
 
 
-def test_a_definition_adds_a_tenth_of_its_score_and_never_becomes_the_match():
-    class Fixed:
-        definition_weight = 0.1
+class _Stored:
+    """A semantic index stand-in: fixed unit vectors for known texts, nothing to embed."""
 
-        def score_pairs(self, left, right):
-            return np.array([{'name': 0.5, 'synonym': 0.6, 'definition': 0.9}[text] for text in right])
+    embedder = None
 
-    [[defined, plain]] = rerank(Fixed(), ['q'], [[['name', 'synonym'], ['name']]], [['definition', '']])
-    assert defined.matched == 1 and defined.score == pytest.approx((0.9 + 0.1 * 0.9) / 1.1)
-    assert plain.matched == 0 and plain.score == pytest.approx(0.5)
+    def __init__(self, vectors):
+        self.vectors = {text: np.asarray(vector, dtype=np.float32) / np.linalg.norm(vector)
+                        for text, vector in vectors.items()}
+
+    def stored_vectors(self, texts):
+        return [self.vectors[text] for text in texts]
+
+
+def test_a_concept_whose_texts_agree_outranks_one_with_a_single_nearer_text():
+    index = _Stored({'q': [1, 0], 'near': [0.95, 0.312], 'off': [0, 1], 'up': [0.9, 0.436],
+                     'down': [0.9, -0.436]})
+    [[single, agreeing]] = SemanticReranker(index).score_candidates(['q'], [[['off', 'near'], ['up', 'down']]])
+    assert single.matched == 1 and single.score == pytest.approx((0.95 + 0.586) / 2, abs=1e-3)
+    assert agreeing.matched == 0 and agreeing.score == pytest.approx((0.9 + 1.0) / 2, abs=1e-3)
+    assert agreeing.score > single.score
+
+
+def test_a_definition_counts_as_a_text_but_is_never_the_match():
+    index = _Stored({'q': [1, 0], 'name': [0.5, 0.866], 'definition': [0.9, 0.436]})
+    [[defined, plain]] = rerank(SemanticReranker(index), ['q'], [[['name'], ['name']]], [['definition', '']])
+    assert defined.matched == 0 and plain.matched == 0
+    # best 0.9 (the definition's), centroid of the two at 0.732
+    assert defined.score == pytest.approx((0.9 + 0.732) / 2, abs=1e-3)
+    assert plain.score == pytest.approx(0.5, abs=1e-4)
+
+
+def test_one_text_without_a_definition_scores_its_cosine():
+    index = _Stored({'q': [1, 0], 'text': [0.6, 0.8]})
+    [[only]] = rerank(SemanticReranker(index), ['q'], [[['text']]])
+    assert only.score == pytest.approx(0.6, abs=1e-6)
 
 
 def test_the_default_reranker_is_the_semantic_one_and_reads_the_index_it_is_given(tiny_minilm):
