@@ -4,13 +4,10 @@ Every test goes through the store's operations (capacity.operations: its runner,
 layer under the fail-open verbs) with the `store` fixture, and reads Redis directly with the same client to
 check what the scripts left behind.
 """
-import time
-
 import fakeredis
 import pytest
 import redis
 
-from capacity import operations
 from capacity.constants import Lane
 from capacity.keys import (
     expired_key, hold_field, holds_key, lane_id, lane_key, run_field, warm_key, work_claim_key,
@@ -343,17 +340,3 @@ def test_calls_that_make_no_sense_are_refused_before_they_take_anything(store, r
         store.runner.operate(store.run_script, 'release', [key, holds_key()], ['call-1', 0, 0, '', 0, 'api_heavy'])
     assert not redis_client.exists(key)
 
-
-def test_a_host_whose_clock_is_30_s_behind_redis_still_takes_leases(store, redis_client, monkeypatch):
-    """The acquire's deadline is on Redis's clock: from the host's own alone, every acquire of a host more
-    than the slack behind was refused as late. The first answer tells the offset; the call is sent again."""
-    if isinstance(redis_client, fakeredis.FakeRedis):
-        pytest.skip("fakeredis's TIME is this process's clock, which the test sets behind")
-    monkeypatch.setattr(operations, 'CLOCK', operations.RedisClock())
-    real = time.time
-    monkeypatch.setattr(time, 'time', lambda: real() - 30)
-    keys = call_keys()
-    first = store.acquire(keys, [4, 4, 4], 'call-1', LEASE_MS, force=False)
-    assert first.taken and abs(operations.CLOCK.offset_ms - 30_000) < 1_000
-    assert store.acquire(keys, [4, 4, 4], 'call-2', LEASE_MS, force=False).taken  # no second try needed now
-    assert holders(redis_client, keys[0]) == ['call-1', 'call-2']
