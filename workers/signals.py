@@ -154,8 +154,10 @@ def yield_to_requests(**kwargs):
     """A pool process of a node that serves only bulk lanes (es2_knn, api_heavy) runs at niceness
     WORKERS_BULK_NICENESS (default 10): where the API and the workers share cores (`make run`, a small
     host), the API's requests and a person's single-row call (the interactive lane, left at 0) get a core
-    first, and the bulk work still has every cycle they leave, so its throughput is the same. The main
-    process (the consumer, the reconciler, the heartbeats' Redis) keeps its priority."""
+    first, and the bulk work still has every cycle they leave (the flood at 32 bulk users: the requests'
+    medians a third lower, bulk rows/s no lower; docs/benchmarks.md). The node's main process (the consumer,
+    the reconciler) keeps its priority. A call's heartbeat thread runs in the niced process: CFS still gives
+    it a share every scheduling period, far inside the `lease_seconds` a beat may be late."""
     niceness = settings.WORKERS_BULK_NICENESS
     if niceness <= 0 or not _served or any(lanes.get_queue(name).single_row for name in _served):
         return
