@@ -118,7 +118,11 @@ def test_ctrl_c_cancels_the_tasks_in_flight_prints_the_summary_and_exits_130(api
     api.hold_tasks = True
     command = [sys.executable, '-m', 'heavy_lanes_client', 'match', '--url', api.url, '--token', 't-core',
                '--source', SOURCE, '--semantic', '--rows', 'a,b,c,d,e', '--batch', '1', '--no-progress']
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C in a terminal: the client starts with SIGINT at its default, whatever this test process has it
+    # at (a child inherits SIG_IGN, and Python then never raises KeyboardInterrupt: in CI an earlier test had
+    # left it ignored, and the client ran on until killed).
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert api.wait_for(lambda fake: len(fake.tasks) == 3, timeout=15)
         process.send_signal(signal.SIGINT)
