@@ -34,6 +34,7 @@ class Prober:
         self.lock = threading.Lock()
         self.thread = None
         self.probes = 0  # PINGs sent (tests, and the log line when it closes the window)
+        self.started = 0  # probe threads started (tests: one at a time, however many errors)
 
     def start(self):
         """Probe until the window closes, unless a probe runs already (call after opening the window)."""
@@ -46,6 +47,7 @@ class Prober:
             self.thread = threading.Thread(target=self.run, args=(interval,), name='heavy-lanes-redis-probe',
                                            daemon=True)
             self.thread.start()
+            self.started += 1
 
     def run(self, interval):
         opened = time.monotonic()
