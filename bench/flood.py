@@ -11,7 +11,9 @@ Each world runs on its own private stack (bench/stack.py), one after the other. 
 sending semantic `$match` batches of BULK_ROWS rows, 2 in flight each, as the Mapper's auto-match does
 (they post and wait for the answer; a 202 handle, when the host can't hold another waiting request, is
 polled as its Retry-After says), for a fixed time, beside a steady trickle of lexical `$match`, single-row
-semantic `$match` and `/healthz` (one request at a time each, one every TRICKLE_SECONDS). The first
+semantic `$match` and `/healthz` (one request at a time each, one every TRICKLE_SECONDS). The bulk users
+run in a process of their own, as they run on other machines than the person waiting for a lexical match:
+in the trickle's process their threads' GIL would be in the trickle's figures. The first
 WARM_SECONDS of each phase are left out of its figures; a bulk call counts when its answer came back within
 the phase. Between phases the bulk users' calls in flight end (nothing is cancelled or dropped).
 
@@ -26,6 +28,7 @@ p50s, refusals and handles in `detail`. Targets are checked for Heavy Lanes at t
 see how much of a bulk gap is the number of processes; `--name` names the output (bench/out/<name>.json).
 """
 import argparse
+import multiprocessing
 import os
 import random
 import sys
@@ -141,9 +144,20 @@ def session_for(token):
     return session
 
 
-def start_clients(world, stack, users, stop):
-    """Threads: the trickles (one each) and `users` x IN_FLIGHT bulk senders, until `stop` is set."""
+def start_clients(world, stack, users):
+    """The trickles (a thread each, in this process) and `users` x IN_FLIGHT bulk senders (threads of a process
+    of their own, bulk_users); returns the function that stops them all and gathers their samples into
+    `world`. The bulk users are another process as they are other machines: 64 threads reading 20-row
+    answers hold a process's GIL, and in the trickle's process that wait would be in the trickle's figures."""
     source = stack.source
+    bulk, senders = None, users * IN_FLIGHT
+    if senders:  # forked before this process starts the trickle's threads
+        fork = multiprocessing.get_context('fork')
+        bulk_stop, out = fork.Event(), fork.SimpleQueue()
+        bulk = fork.Process(target=bulk_users, name='flood-bulk', daemon=True, args=(
+            world.url, world.semantic_path, stack.token('core'), source, senders, bulk_stop, out))
+        bulk.start()
+    stop = threading.Event()
 
     def trickler(kind):
         session = session_for(stack.token('early_access'))
@@ -152,28 +166,49 @@ def start_clients(world, stack, users, stop):
             world.add(sample)
             stop.wait(max(TRICKLE_SECONDS - (sample.ended - sample.started), 0))
 
+    threads = [threading.Thread(target=trickler, args=(kind,), daemon=True) for kind in TRICKLES]
+    for thread in threads:
+        thread.start()
+
+    def finish():
+        stop.set()
+        if bulk is not None:
+            bulk_stop.set()
+        for thread in threads:
+            thread.join(TIMEOUT)
+        if bulk is not None:
+            for sample in out.get():  # before the join: the child's put waits for this read
+                world.add(sample)
+            bulk.join(TIMEOUT)
+    return finish
+
+
+def bulk_users(url, semantic_path, token, source, senders, stop, out):
+    """`senders` threads each sending bulk calls one after the other until `stop`; their samples to `out`."""
+    random.seed()  # not the parent's sequence of rows
+    world = World('bulk', url, semantic_path)
+
     def bulk():
-        session = session_for(stack.token('core'))
+        session = session_for(token)
         while not stop.is_set():
             world.add(guarded('bulk', lambda: semantic(world, session, 'bulk', rows_body(source, BULK_ROWS))))
 
-    threads = [threading.Thread(target=trickler, args=(kind,), daemon=True) for kind in TRICKLES]
-    threads += [threading.Thread(target=bulk, daemon=True) for _ in range(users * IN_FLIGHT)]
+    threads = [threading.Thread(target=bulk, daemon=True) for _ in range(senders)]
     for thread in threads:
         thread.start()
-    return threads
+    stop.wait()
+    for thread in threads:
+        thread.join(TIMEOUT)
+    out.put(world.take())
 
 
 def run_phase(world, stack, users, seconds):
     """One phase: the trickles and `users` bulk users for WARM_SECONDS + `seconds`; its Phase."""
     world.take()
-    stop = threading.Event()
     begun = time.monotonic()
-    threads = start_clients(world, stack, users, stop)
+    finish = start_clients(world, stack, users)
     time.sleep(WARM_SECONDS + seconds)
-    stop.set()
-    for thread in threads:
-        thread.join(TIMEOUT)
+    finish()
     low, high = begun + WARM_SECONDS, begun + WARM_SECONDS + seconds
     phase = Phase(seconds=seconds)
     for sample in world.take():
@@ -210,12 +245,9 @@ def work_run_ms(call_id):
 
 def warm(world, stack, calls):
     """Every process that will run the work loads its indexes before anything is measured."""
-    stop = threading.Event()
-    threads = start_clients(world, stack, (calls + 1) // IN_FLIGHT, stop)
+    finish = start_clients(world, stack, (calls + 1) // IN_FLIGHT)
     time.sleep(4)
-    stop.set()
-    for thread in threads:
-        thread.join(TIMEOUT)
+    finish()
     world.take()
 
 

@@ -33,10 +33,11 @@ _numbers = itertools.count(1)
 
 
 def distinct(text):
-    """`text` with a number no other call of this process got. Identical calls share one run (workers.sharing:
-    an identical call sent while one is open joins it), so a benchmark that measures runs makes every
-    call's body distinct, e.g. its first row's name."""
-    return f'{text} {next(_numbers)}'  # next() on a count is atomic: threads get distinct numbers
+    """`text` with a number no other call got. Identical calls share one run (workers.sharing: an identical
+    call sent while one is open joins it), so a benchmark that measures runs makes every call's body
+    distinct, e.g. its first row's name. The process id is part of it: a forked load generator starts from
+    its parent's count."""
+    return f'{text} {os.getpid()}.{next(_numbers)}'  # next() on a count is atomic: threads get distinct numbers
 
 
 def stats_us(samples_s):
