@@ -226,7 +226,7 @@ def run_phase(world, stack, users, seconds):
                 phase.bulk_latency_ms.append((sample.ended - sample.started) * 1000)
             continue
         if sample.ok:
-            phase.latency_ms[sample.kind].append((sample.ended - sample.started) * 1000)
+            phase.add(sample.kind, (sample.ended - sample.started) * 1000, sample.started - low)
         if sample.kind == 'single' and sample.ok:
             run = sample.run_ms if sample.run_ms is not None else work_run_ms(sample.call_id)
             if run is not None:

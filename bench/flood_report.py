@@ -16,6 +16,7 @@ IDLE_TIMES = 1.5     # lexical and /healthz p99 under the flood, at most this ti
 SINGLE_TIMES = 2     # single-row semantic p99 at most this times its run p99 ...
 SINGLE_PLUS_MS = 100  # ... plus this
 BULK_SHARE = 0.9     # bulk rows/s at least this share of the in-request world's best at any N
+SLOWEST = 3          # the slowest requests of each trickle a phase's detail lists, with when they came
 
 
 def percentile(values, q):
@@ -37,6 +38,7 @@ class Phase:
 
     seconds: float
     latency_ms: dict = field(default_factory=lambda: {name: [] for name in TRICKLES})
+    sent_at_s: dict = field(default_factory=lambda: {name: [] for name in TRICKLES})  # beside latency_ms: sent, s
     run_ms: list = field(default_factory=list)
     bulk_rows: int = 0
     errors: int = 0
@@ -50,6 +52,18 @@ class Phase:
 
     def p50(self, trickle):
         return percentile(self.latency_ms[trickle], 50)
+
+    def add(self, trickle, latency_ms, sent_at_s):
+        """One trickle request that came back, `sent_at_s` seconds into the phase's measured part."""
+        self.latency_ms[trickle].append(latency_ms)
+        self.sent_at_s[trickle].append(sent_at_s)
+
+    def slowest(self, trickle, count=SLOWEST):
+        """[[ms, s into the phase]] of the `count` slowest requests of `trickle`, slowest first: with a
+        request every TRICKLE_SECONDS a phase's p99 is its slowest one or two, and when they came is what
+        to look for in the servers' logs."""
+        pairs = sorted(zip(self.latency_ms[trickle], self.sent_at_s[trickle]), reverse=True)[:count]
+        return [[rounded(ms), rounded(at)] for ms, at in pairs]
 
 
 def figure(loaded, idle):
@@ -67,10 +81,11 @@ def figure(loaded, idle):
 
 
 def detail(phase):
-    """What a FIG leaves out: p50s, sample counts, refusals and handles."""
+    """What a FIG leaves out: p50s, sample counts, the slowest requests, refusals and handles."""
     return {
         **{f'{name}_p50_ms': rounded(phase.p50(name)) for name in TRICKLES},
         **{f'{name}_n': len(phase.latency_ms[name]) for name in TRICKLES},
+        'slowest': {name: phase.slowest(name) for name in TRICKLES},
         'single_runs_n': len(phase.run_ms), 'bulk_rows': phase.bulk_rows, 'refusals': phase.refusals,
         'bulk_run_p50_ms': rounded(percentile(phase.bulk_run_ms, 50)),
         'bulk_p50_ms': rounded(percentile(phase.bulk_latency_ms, 50)),

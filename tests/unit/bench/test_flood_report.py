@@ -1,7 +1,7 @@
 """The flood benchmark's figures and targets (bench/flood_report.py): pure shaping of its samples."""
 import pytest
 
-from bench.flood_report import FIG_KEYS, Phase, figure, percentile, targets
+from bench.flood_report import FIG_KEYS, Phase, detail, figure, percentile, targets
 
 
 @pytest.mark.parametrize(('values', 'q', 'expected'), [
@@ -29,6 +29,16 @@ def test_a_figure_has_the_issue_keys_and_reads_idle_from_the_idle_phase():
     assert tuple(fig) == FIG_KEYS
     assert fig == {'lexical_p99_ms': 40, 'lexical_idle_p99_ms': 20, 'single_p99_ms': 300, 'single_run_p99_ms': 60,
                    'healthz_p99_ms': 8, 'healthz_idle_p99_ms': 5, 'bulk_rows_per_s': 20.0, 'errors': 2}
+
+
+def test_the_detail_lists_each_trickles_slowest_requests_with_when_they_were_sent():
+    loaded = Phase(seconds=25)
+    for ms, at in [(12.0, 0.5), (180.04, 7.25), (11.0, 1.0), (40.0, 20.0), (13.0, 24.5)]:
+        loaded.add('lexical', ms, at)
+    loaded.add('healthz', 5.0, 3.0)
+    slowest = detail(loaded)['slowest']
+    assert slowest == {'lexical': [[180.0, 7.2], [40.0, 20.0], [13.0, 24.5]], 'single': [], 'healthz': [[5.0, 3.0]]}
+    assert loaded.p99('lexical') == 180.04 and detail(loaded)['lexical_n'] == 5
 
 
 def fig(lexical=30, lexical_idle=20, single=200, run=50, healthz=10, healthz_idle=10, rows=100.0, errors=0):
