@@ -140,8 +140,14 @@ class Operations:
             return script
 
     def run_script(self, client, name, keys, args):
-        """Run one Lua script on `client` (called through the runner)."""
-        return self.script(name)(keys=keys, args=args, client=client)
+        """Run one Lua script on `client` (called through the runner): EVALSHA, and on NOSCRIPT (a restarted
+        or flushed Redis) the Script's own call, which loads it and runs it again. EVALSHA is sent here,
+        not through Script.__call__, which costs every acquire an import and two tuple copies."""
+        script = self.script(name)
+        try:
+            return client.evalsha(script.sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            return script(keys=keys, args=args, client=client)
 
     def _script(self, name, keys, args):
         return self.runner.operate(self.run_script, name, keys, args)
