@@ -60,14 +60,14 @@ def admit(user, endpoint='', rows=0, semantic=False, reranker=False, waits=False
                                              acquired.error))
         decision, full = decisions.decide(lanes, acquired.counts, acquired.taken)
         taken = int(acquired.taken)
-        counted = tuple(LaneState(item.lane, key, item.limit, count + taken)
-                        for item, key, count in zip(lanes, keys, acquired.counts))
+        counted = tuple([LaneState(item.lane, key, item.limit, count + taken)
+                         for item, key, count in zip(lanes, keys, acquired.counts)])
         retry = (decisions.retry_after(config, lanes, acquired.counts, full, acquired.holds)
                  if decision in (Decision.SHADOW_REFUSED, Decision.REFUSED) else None)
         suggested, error = None, None
         try:
             suggested = decisions.suggested_concurrency(
-                {state.lane: state.limit for state in counted}, {state.lane: state.count for state in counted})
+                plan.lane_limits, {state.lane: state.count for state in counted})
         except Exception as ex:  # noqa: BLE001 - a header must never fail the call
             error = failopen.record(ex, 'suggested concurrency')
         return Admission(

@@ -1,6 +1,6 @@
 """The lanes a kind of call takes under one config, with their keys and limits: worked out once, then reused.
 
-    plan = plan_for(config, call, enforced)   # plan.lanes, plan.keys, plan.limits
+    plan = plan_for(config, call, enforced)   # plan.lanes, plan.keys, plan.limits, plan.lane_limits
 
 Every admission needs its lanes (capacity.decisions.lanes_for), their Redis keys (capacity.keys) and their
 limits; they depend only on the config, the key prefix and a few facts of the call (`shape`), never on the
@@ -24,17 +24,20 @@ MAX_PLANS = 10_000  # per config; a key per user (the user lane) makes one per u
 
 @dataclass(frozen=True)
 class Plan:
-    """The lanes of one kind of call, in order, with each one's key and this call's limit there."""
+    """The lanes of one kind of call, in order, with each one's key and this call's limit there;
+    `lane_limits` is {lane: limit} (decisions.limits_of), shared: never changed."""
 
     lanes: tuple[decisions.LaneLimit, ...]
     keys: tuple[str, ...]
     limits: tuple[int, ...]
+    lane_limits: dict
 
 
 def make_plan(config, call, enforced):
     lanes = tuple(decisions.lanes_for(config, call, enforced=enforced))
     keys = tuple(lane_key(item.lane, *item.parts) for item in lanes)
-    return Plan(lanes=lanes, keys=keys, limits=tuple(item.limit for item in lanes))
+    return Plan(lanes=lanes, keys=keys, limits=tuple(item.limit for item in lanes),
+                lane_limits=decisions.limits_of(lanes))
 
 
 def shape(call, enforced):

@@ -8,7 +8,7 @@ from capacity.decisions import Call, lanes_for
 from capacity.keys import lane_key
 from tests.unit.defaults import config
 
-A, K = Lane.API_HEAVY, Lane.ES2_KNN
+A, K, R, U = Lane.API_HEAVY, Lane.ES2_KNN, Lane.TIER, Lane.USER
 
 
 @pytest.fixture(autouse=True)
@@ -40,6 +40,7 @@ def test_a_plan_is_what_lanes_for_and_the_keys_give():
     assert planned(conf, call()) == worked_out(conf, call())
     assert planned(conf, call())[1] == ['{plans}:api_heavy', '{plans}:es2_knn', '{plans}:tier:core',
                                         '{plans}:user:7']
+    assert plans.plan_for(conf, call()).lane_limits == {A: 3, K: 2, R: 4, U: 3}
 
 
 def test_a_resized_lane_applies_to_the_next_call_under_the_new_config():
@@ -48,6 +49,7 @@ def test_a_resized_lane_applies_to_the_next_call_under_the_new_config():
     # What save_config puts in force (and every process reads once its cache expires) is a new Config.
     after = config(api_heavy={'cluster': 10}, es2_knn=6, tiers={'core': 8}, per_user={'core': 5})
     assert planned(after, call())[2] == [9, 5, 8, 5]
+    assert plans.plan_for(after, call()).lane_limits == {A: 9, K: 5, R: 8, U: 5}
     assert planned(after, call()) == worked_out(after, call())
 
 
