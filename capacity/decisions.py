@@ -96,7 +96,7 @@ def with_waiting_room(config, call, lanes):
 
 def full_lanes(lanes, before):
     """The lanes whose count before this call had reached their limit."""
-    return tuple(item.lane for item, count in zip(lanes, before) if count >= item.limit)
+    return tuple([item.lane for item, count in zip(lanes, before) if count >= item.limit])
 
 
 def decide(lanes, before, taken):
@@ -158,12 +158,12 @@ def suggested_concurrency(limits, counts):
     """
     if not limits or Lane.USER not in limits:
         return None
-    if any(limit == 0 for limit in limits.values()):
+    if 0 in limits.values():
         return 0
     user_limit = limits[Lane.USER]
     if not counts:
         return user_limit
-    headroom = min(limits[lane] - counts[lane] for lane in limits if lane != Lane.API_HEAVY_TASK)
+    headroom = min([limits[lane] - counts[lane] for lane in limits if lane != Lane.API_HEAVY_TASK])
     return max(1, min(user_limit, counts[Lane.USER] + headroom))
 
 

@@ -21,12 +21,11 @@ import uuid
 
 from django.conf import settings
 
-from capacity import decisions, failopen
+from capacity import decisions, failopen, plans
 from capacity.admission import Admission, LaneState
 from capacity.caller import NO_FACTS, get_tier
 from capacity.config import get_config
 from capacity.constants import OFF, Decision
-from capacity.keys import lane_key
 from capacity.store import Unknown, get_store
 
 
@@ -39,7 +38,8 @@ def admit(user, endpoint='', rows=0, semantic=False, reranker=False, waits=False
         return Admission(decision=None, token=token, mode=OFF, facts=facts)
     store = store or get_store()
     # This runs on every heavy call's way (bench/admission.py): each object is built once on the admitted
-    # path, and what a failure reports is built only when one happens, from what was known by then.
+    # path (the lanes, keys and limits once per config: capacity.plans), and what a failure reports is built
+    # only when one happens, from what was known by then.
     call = lanes = keys = acquired = None
     enforced = False
     try:
@@ -48,11 +48,11 @@ def admit(user, endpoint='', rows=0, semantic=False, reranker=False, waits=False
             semantic=bool(semantic), reranker=bool(reranker), waits=bool(waits), host=settings.CAPACITY_TASK_ID,
             queue=queue, draws_on=draws_on, wait_slot=wait_slot)
         enforced = wait_slot or decisions.is_enforced(config, facts.aware)
-        lanes = decisions.lanes_for(config, call, enforced=enforced)
-        keys = [lane_key(item.lane, *item.parts) for item in lanes]
+        plan = plans.plan_for(config, call, enforced)
+        lanes, keys = plan.lanes, plan.keys
         if lease_ms is None:
             lease_ms = (config.queue.deadline_seconds if queue else config.lease_seconds) * 1000
-        acquired = store.acquire(keys, [item.limit for item in lanes], token, lease_ms, force=not enforced)
+        acquired = store.acquire(keys, plan.limits, token, lease_ms, force=not enforced)
         if isinstance(acquired, Unknown):
             # Never refuse on the limiter's own failure: the call goes ahead uncounted. An acquire whose
             # answer never came is taken back by the store once Redis answers (it may still run it).
@@ -60,14 +60,14 @@ def admit(user, endpoint='', rows=0, semantic=False, reranker=False, waits=False
                                              acquired.error))
         decision, full = decisions.decide(lanes, acquired.counts, acquired.taken)
         taken = int(acquired.taken)
-        counted = tuple(LaneState(item.lane, key, item.limit, count + taken)
-                        for item, key, count in zip(lanes, keys, acquired.counts))
+        counted = tuple([LaneState(item.lane, key, item.limit, count + taken)
+                         for item, key, count in zip(lanes, keys, acquired.counts)])
         retry = (decisions.retry_after(config, lanes, acquired.counts, full, acquired.holds)
                  if decision in (Decision.SHADOW_REFUSED, Decision.REFUSED) else None)
         suggested, error = None, None
         try:
             suggested = decisions.suggested_concurrency(
-                {state.lane: state.limit for state in counted}, {state.lane: state.count for state in counted})
+                plan.lane_limits, {state.lane: state.count for state in counted})
         except Exception as ex:  # noqa: BLE001 - a header must never fail the call
             error = failopen.record(ex, 'suggested concurrency')
         return Admission(

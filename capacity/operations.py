@@ -33,6 +33,7 @@ SCRIPTS = ('acquire', 'renew', 'release', 'count', 'unclaim', 'rate')  # capacit
 SCAN_COUNT = 100
 NOT_AFTER_SLACK_SECONDS = 2  # room for the clocks of this host and Redis to differ
 LATE_ACQUIRE = 'Redis ran the acquire after its caller stopped waiting; no lease was taken'
+MAX_ENCODED_LANES = 10_000  # sets of lanes whose acquire arguments are kept encoded, per process
 HOLD_WEIGHT = 0.2  # the newest release's weight in a lane's mean hold: about the last 5 releases count
 
 
@@ -126,6 +127,7 @@ class Operations:
         self._lock = threading.Lock()
         self._scripts = {}  # name -> redis.commands.core.Script, registered on `_scripts_client`
         self._scripts_client = None
+        self._lanes = {}  # (prefix, keys) -> what acquire sends for those lanes, encoded (`encoded_lanes`)
 
     def script(self, name):
         """The script `name` (a redis-py Script: it runs on any client of this Redis)."""
@@ -140,8 +142,14 @@ class Operations:
             return script
 
     def run_script(self, client, name, keys, args):
-        """Run one Lua script on `client` (called through the runner)."""
-        return self.script(name)(keys=keys, args=args, client=client)
+        """Run one Lua script on `client` (called through the runner): EVALSHA, and on NOSCRIPT (a restarted
+        or flushed Redis) the Script's own call, which loads it and runs it again. EVALSHA is sent here,
+        not through Script.__call__, which costs every acquire an import and two tuple copies."""
+        script = self.script(name)
+        try:
+            return client.evalsha(script.sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            return script(keys=keys, args=args, client=client)
 
     def _script(self, name, keys, args):
         return self.runner.operate(self.run_script, name, keys, args)
@@ -150,6 +158,21 @@ class Operations:
         return self.runner.operate(lambda client: getattr(client, name)(*args, **kwargs))
 
     # --- lanes
+
+    def encoded_lanes(self, keys):
+        """(KEYS, hold fields) of the acquire script for the lanes `keys`, encoded as the client would encode
+        them: the same bytes on every call to the same lanes, so they are encoded once (redis-py encodes
+        each str argument of every command again). Remembered per key prefix, which names the counters."""
+        remembered = (settings.CAPACITY_KEY_PREFIX, tuple(keys))
+        lanes = self._lanes.get(remembered)
+        if lanes is None:
+            encode = self.runner.client.get_encoder().encode
+            lanes = (tuple([encode(key) for key in (*keys, expired_key(), holds_key())]),
+                     tuple([encode(hold_field(key)) for key in keys]))
+            if len(self._lanes) >= MAX_ENCODED_LANES:
+                self._lanes.clear()  # bound the memory; the next calls refill it
+            self._lanes[remembered] = lanes
+        return lanes
 
     def acquire(self, keys, limits, token, lease_ms, force, not_after_ms=None):
         """Take a lease (expiring in `lease_ms` ms) in every lane of `keys`, or in none; an Acquired.
@@ -165,13 +188,13 @@ class Operations:
             raise BadCall(f'acquire needs keys and one limit per key, got {len(keys)} keys and '
                           f'{len(limits)} limits')
         own_deadline = not_after_ms is None
+        script_keys, fields = self.encoded_lanes(keys)
         for _attempt in range(2 if own_deadline else 1):
             if own_deadline:
                 not_after_ms = get_not_after_ms()
-            args = [token, int(lease_ms), '1' if force else '0', int(not_after_ms), *limits,
-                    *(hold_field(key) for key in keys)]
+            args = [token, int(lease_ms), '1' if force else '0', int(not_after_ms), *limits, *fields]
             sent = time.time()
-            result = self._script('acquire', [*keys, expired_key(), holds_key()], args)
+            result = self._script('acquire', script_keys, args)
             received = time.time()
             if len(result) > 1:
                 CLOCK.learn(int(result[1]), sent, received)

@@ -142,6 +142,21 @@ def test_tier_ceilings_leave_other_tiers_alone(make_user, gates, configure):
     assert early.decision == Decision.ADMITTED and early.counts[Lane.TIER] == 1
 
 
+def test_a_lane_resized_between_two_calls_applies_to_the_second(make_user, gates, configure):
+    # The gate reuses a call's lanes and limits while the config stays the same (capacity.plans).
+    configure(mode='enforce', enforce_for='all')
+    user = make_user()
+    gates(user)
+    assert gates(user).refused
+    configure(per_user={'preview': 2})  # a staff resize: the config cache is cleared in this process
+    second = gates(user)
+    assert second.decision == Decision.ADMITTED and second.limits[Lane.USER] == 2
+    configure(mode='shadow', per_user={'preview': 1}, tiers={'preview': 5})
+    third = gates(user)
+    assert third.decision == Decision.SHADOW_REFUSED and third.limits[Lane.USER] == 1
+    assert third.limits[Lane.TIER] == 5
+
+
 def test_only_semantic_calls_take_an_es2_knn_lane(make_user, gates, configure):
     configure(mode='enforce', enforce_for='all', es2_knn=2, per_user={'staff': 9, 'core': 9, 'early_access': 9,
                                                                        'preview': 9})

@@ -84,6 +84,32 @@ def test_a_stale_lease_is_pruned_and_counted_as_expired(store, redis_client):
     assert store.expired_total() == 3
 
 
+def test_the_expired_counter_an_acquire_adds_to_follows_the_key_prefix(store, redis_client, settings, key_prefix):
+    # The acquire's arguments for a set of lanes are kept encoded (Operations.encoded_lanes); the counter
+    # is named by the prefix in force, even for the same lane keys acquired again under another one.
+    cluster = lane_key(Lane.API_HEAVY)
+    redis_client.zadd(cluster, {'dead-1': 1000})
+    store.acquire([cluster], [4], 'call-1', LEASE_MS, force=False)
+    assert int(redis_client.get(expired_key())) == 1
+    first_counter = expired_key()
+    settings.CAPACITY_KEY_PREFIX = f'{key_prefix}-b'  # under the test's own prefix: deleted with its keys
+    redis_client.zadd(cluster, {'dead-2': 1000, 'dead-3': 2000})
+    store.acquire([cluster], [4], 'call-2', LEASE_MS, force=False)
+    assert expired_key() != first_counter
+    assert int(redis_client.get(expired_key())) == 2
+    assert int(redis_client.get(first_counter)) == 1
+
+
+def test_past_the_bound_the_encoded_lanes_are_made_again(store, redis_client, monkeypatch):
+    monkeypatch.setattr('capacity.operations.MAX_ENCODED_LANES', 2)
+    for user in range(5):
+        keys = [lane_key(Lane.API_HEAVY), lane_key(Lane.USER, user)]
+        assert store.acquire(keys, [9, 1], f'call-{user}', LEASE_MS, force=False) == Acquired(True, (user, 0))
+        assert holders(redis_client, keys[1]) == [f'call-{user}']
+    assert len(store._lanes) <= 2
+    assert store.acquire(keys, [9, 1], 'again', LEASE_MS, force=False) == Acquired(False, (5, 1))
+
+
 def test_acquiring_again_with_the_same_token_is_idempotent(store, redis_client):
     """A redelivered task takes its leases again; its own lease must not count as a call ahead of it."""
     keys = [lane_key(Lane.API_HEAVY), lane_key(Lane.USER, 42)]
