@@ -253,13 +253,16 @@ def server_cpu(stack):
     PostgreSQL backends serving the bench database. Less sensitive to a busy neighbour than req/s."""
     from stack import DB_NAME
     groups = {stack.children['api'].pid, stack.children['redis'].pid}
+    # A backend's title is `postgres: [<cluster>: ]<user> <database> <client> <activity>` (Debian names the
+    # cluster, `15/main:`): without the optional part the bench database's backends were never counted.
+    backend = re.compile(rf'postgres: (?:\S+: )?postgres {re.escape(DB_NAME)} ')
     used = {}
     for pid in pids():
         stat = _stat(pid)
         if stat is None:
             continue
         group, ticks = stat
-        if group in groups or _cmdline(pid).startswith(f'postgres: postgres {DB_NAME} '):
+        if group in groups or backend.match(_cmdline(pid)):
             used[pid] = ticks
     return used
 
