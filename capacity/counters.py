@@ -67,7 +67,10 @@ def increment(*fields, minutes=()):
         return
     timer = threading.Timer(gather, _send, (pending, store))
     timer.daemon = True  # what a process gathered in its last moment is dropped, never waited for
-    timer.start()
+    try:
+        timer.start()
+    except RuntimeError:  # no thread to be had: send them now rather than never
+        _send(pending, store)
 
 
 def _send(pending, store):
