@@ -233,6 +233,9 @@ CAPACITY_REDIS_RETRY_SECONDS = env_int('CAPACITY_REDIS_RETRY_SECONDS', 15)
 # (capacity.breaker); 0 keeps the window for its whole length.
 CAPACITY_REDIS_PROBE_SECONDS = env_float('CAPACITY_REDIS_PROBE_SECONDS', 0.5)
 CAPACITY_REDIS_DEADLINE_SECONDS = env_float('CAPACITY_REDIS_DEADLINE_SECONDS', 1.0)
+# How long a process gathers its event counters (capacity.counters) before it sends them in one job; 0 sends
+# them at each increment.
+CAPACITY_COUNTERS_GATHER_SECONDS = env_float('CAPACITY_COUNTERS_GATHER_SECONDS', 0.25)
 CAPACITY_TASK_ID = os.environ.get('CAPACITY_TASK_ID', '') or socket.gethostname()
 CAPACITY_KEY_PREFIX = os.environ.get('CAPACITY_KEY_PREFIX', 'ocl:capacity')
 # The longest a process keeps a caller's token or a source's version (workers.local_cache) when a change to

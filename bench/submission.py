@@ -135,8 +135,8 @@ SECTIONS = (
     ('rate limit (DRF throttle: GET + SET)', 'api.views', 'HeavyCallView', 'check_rate_limits'),
     ('shared work: claim it (SET NX)', 'workers.sharing', None, 'lead'),
     ('admission record (Admission.to_json)', 'capacity.admission', 'Admission', 'to_json'),
-    ('insert the work row (BEGIN + INSERT)', 'workers.models', 'Work', 'save'),
-    ('insert the call row, also the usage record (INSERT)', 'workers.models', 'Call', 'save'),
+    ('insert the work and its call, also the usage record (BEGIN + one execute)', 'workers.lifecycle.statements',
+     None, 'insert'),
     ('publish (send_task: one LPUSH)', 'workers.lifecycle.create', None, 'send'),
     ('commit (COMMIT)', 'django.db.backends.base.base', 'BaseDatabaseWrapper', 'commit'),
     ('capacity headers', 'api.views', None, 'headers'),
@@ -165,7 +165,7 @@ def profile_sections(stack, calls):
     for label, module_name, class_name, name in SECTIONS:
         owner = importlib.import_module(module_name)
         owner = getattr(owner, class_name) if class_name else owner
-        original = owner.__dict__.get(name)  # None: inherited (Call.save), so delete the wrapper after
+        original = owner.__dict__.get(name)  # None: inherited, so delete the wrapper after
         setattr(owner, name, timed(label, getattr(owner, name)))
         patched.append((owner, name, original))
     try:
@@ -253,13 +253,16 @@ def server_cpu(stack):
     PostgreSQL backends serving the bench database. Less sensitive to a busy neighbour than req/s."""
     from stack import DB_NAME
     groups = {stack.children['api'].pid, stack.children['redis'].pid}
+    # A backend's title is `postgres: [<cluster>: ]<user> <database> <client> <activity>` (Debian names the
+    # cluster, `15/main:`): without the optional part the bench database's backends were never counted.
+    backend = re.compile(rf'postgres: (?:\S+: )?postgres {re.escape(DB_NAME)} ')
     used = {}
     for pid in pids():
         stat = _stat(pid)
         if stat is None:
             continue
         group, ticks = stat
-        if group in groups or _cmdline(pid).startswith(f'postgres: postgres {DB_NAME} '):
+        if group in groups or backend.match(_cmdline(pid)):
             used[pid] = ticks
     return used
 

@@ -4,7 +4,8 @@ shadow-refused call; renewals that failed; calls by how they were served (run, c
 cached: workers.sharing); calls that ended, by queue and final state (counted once, at
 the transition that ends them, so the count neither costs a scan of the calls' table nor drops when
 retention deletes old rows). One hash under the lane prefix; increments gather in the
-process and reach Redis on the lane store's Redis thread, and never delay or fail a call.
+process for CAPACITY_COUNTERS_GATHER_SECONDS and then reach Redis together on the lane store's Redis thread,
+and never delay or fail a call.
 
 Decisions are also kept per minute for the last hour (`decisions_per_minute`, the staff lanes page's
 chart): one small hash per minute (`decision -> count`, keys.decisions_minute_key) that expires an hour
@@ -14,6 +15,8 @@ long the service runs. A call counts in the minute its API process's clock was i
 import threading
 import time
 from collections import Counter
+
+from django.conf import settings
 
 from capacity.constants import DECISION_SERIES_MINUTES as SERIES_MINUTES
 from capacity.store import Unknown, get_store
@@ -41,8 +44,11 @@ def increment(*fields, minutes=()):
 
     Increments gather in this process and one job at a time takes them to Redis on the lane store's Redis
     thread (LaneStore.add_counts_later), so counters never hold more than one of its few queue places (the
-    calls' own operations need them). A counter never costs a call anything: when they can't be sent (the
-    skip window, a busy thread, an error) they are dropped.
+    calls' own operations need them). The job is queued CAPACITY_COUNTERS_GATHER_SECONDS after the first
+    increment since the last one (by a timer thread; at once when it is 0): sent at each call, the job and its
+    pipeline cost a heavy submission a tenth of its CPU (docs/benchmarks.md), while /metrics reads them at
+    most every few seconds. A counter never costs a call anything: when they can't be sent (the skip
+    window, a busy thread, an error) they are dropped.
     """
     if not fields and not minutes:
         return
@@ -55,7 +61,21 @@ def increment(*fields, minutes=()):
         if pending.flush_queued:
             return
         pending.flush_queued = True
-    if not get_store().add_counts_later(lambda: _take(pending)):
+    store, gather = get_store(), settings.CAPACITY_COUNTERS_GATHER_SECONDS
+    if gather <= 0:
+        _send(pending, store)
+        return
+    timer = threading.Timer(gather, _send, (pending, store))
+    timer.daemon = True  # what a process gathered in its last moment is dropped, never waited for
+    try:
+        timer.start()
+    except RuntimeError:  # no thread to be had: send them now rather than never
+        _send(pending, store)
+
+
+def _send(pending, store):
+    """Queue the job that takes what `pending` gathered to Redis."""
+    if not store.add_counts_later(lambda: _take(pending)):
         _take(pending)  # not queued: these are dropped, and the next increment queues a job again
 
 

@@ -60,6 +60,9 @@ if os.environ.get('HEAVY_LANES_TEST_READ_ONLY_DB') == '1':
 # No probe closes a test's skip window behind its back (a test opens it on a Redis that answers): the probe's
 # own tests and the fault stacks' processes set it (capacity.breaker).
 CAPACITY_REDIS_PROBE_SECONDS = float(os.environ.get('CAPACITY_REDIS_PROBE_SECONDS', '0'))
+# A test's counters reach its own keys as it makes them, not a moment later under the next test's prefix and
+# store: sent at each increment (capacity.counters; its own test sets a gathering time).
+CAPACITY_COUNTERS_GATHER_SECONDS = float(os.environ.get('CAPACITY_COUNTERS_GATHER_SECONDS', '0'))
 
 CACHES = {'default': {'BACKEND': 'django.core.cache.backends.locmem.LocMemCache'}}
 PASSWORD_HASHERS = ['django.contrib.auth.hashers.MD5PasswordHasher']

@@ -9,6 +9,7 @@ from capacity import counters
 from capacity.config import get_config, time_limits
 from workers import publisher
 from workers.celery import LEASES_HEADER, TASK_NAME, app
+from workers.lifecycle import statements
 from workers.lifecycle.reads import log_line
 from workers.models import OPEN_STATES, ServedAs, State, Work
 
@@ -50,8 +51,7 @@ def enqueue(work, call, publish=None):
     """
     call.work, call.served_as = work, ServedAs.RUN
     with transaction.atomic():
-        work.save(force_insert=True)
-        call.save(force_insert=True)  # the call is also its usage record
+        statements.insert(work, call)  # the call is also its usage record
         (publish or send)(work, request_id=call.request_id)
     counters.record_served(work.queue, ServedAs.RUN)
     return call

@@ -4,6 +4,7 @@ only code that reads stored results (django-celery-results' TaskResult, by the w
 import json
 import logging
 import time
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -20,7 +21,7 @@ from capacity.admission import Admission, log_record
 from capacity.config import get_config
 from capacity.keys import run_field
 from capacity.logs import emit
-from capacity.store import get_store
+from capacity.store import Unknown, get_store
 from workers import estimates, lanes, messages, notify
 from workers.lifecycle.seen import CANCELLED, EXPIRED, seen
 from workers.models import State, Work
@@ -128,11 +129,29 @@ def published_position(work):
         return position(work)
 
 
+RUN_TIME_KEPT_SECONDS = 1.0  # how long a process uses a run time it read (s)
+_run_times = weakref.WeakKeyDictionary()  # lane store -> {queue: (seconds or None, monotonic expiry)}
+
+
 def run_seconds(queue):
     """The measured mean run time of `queue`'s calls, s (capacity.keys.run_field), or None: nothing
-    measured yet, or the lane store can't say (a hint is never worth an error)."""
-    ms = get_store().hold(run_field(queue))
-    return ms / 1000 if isinstance(ms, int) else None
+    measured yet, or the lane store can't say (a hint is never worth an error).
+
+    A process reads it from the lane store at most once a RUN_TIME_KEPT_SECONDS per queue: it is a mean over
+    the queue's calls that moves a little at each release, and every 202 and poll of an unfinished call
+    reads it (a round trip on the submission's path). A failed read is not kept."""
+    store = get_store()
+    kept = _run_times.setdefault(store, {})
+    now = time.monotonic()
+    seconds, until = kept.get(queue, (None, 0.0))
+    if until > now:
+        return seconds
+    ms = store.hold(run_field(queue))
+    if isinstance(ms, Unknown):
+        return None
+    seconds = ms / 1000 if isinstance(ms, int) else None
+    kept[queue] = (seconds, now + RUN_TIME_KEPT_SECONDS)
+    return seconds
 
 
 def estimate(work, place=None, now=None, config=None):

@@ -408,3 +408,27 @@ def test_counters_gather_and_reach_redis_without_holding_the_redis_threads_queue
         time_module.sleep(0.01)
     assert values[('decision', 'es2_knn', 'core', 'admitted')] == 50
     assert values[('full', 'user', 'core', 'refused')] == 50
+
+
+def test_counters_made_within_the_gathering_time_reach_redis_together_once_it_passed(lanes, settings,
+                                                                                      monkeypatch):
+    import time as time_module
+
+    from capacity import counters
+    from capacity.store import get_store
+    settings.CAPACITY_COUNTERS_GATHER_SECONDS = 0.3
+    store, jobs = get_store(), []
+    queue_job = store.add_counts_later
+    monkeypatch.setattr(store, 'add_counts_later', lambda take: jobs.append(take) or queue_job(take))
+    started = time_module.monotonic()
+    for _ in range(20):
+        counters.increment(('served', 'es2_knn', 'run'))
+    field = ('served', 'es2_knn', 'run')
+    values = counters.read()
+    assert field not in values or time_module.monotonic() - started >= 0.3  # not sent before the time passed
+    deadline = started + 5
+    while values.get(field) != 20 and time_module.monotonic() < deadline:
+        time_module.sleep(0.01)
+        values = counters.read()
+    assert values.get(field) == 20 and len(jobs) == 1
+    assert time_module.monotonic() - started >= 0.3

@@ -257,3 +257,20 @@ def test_a_call_that_joins_while_the_work_runs_is_ended_with_it_by_the_worker_th
     assert sorted(c.args[0]['task_id'] for c in quiet.call_args_list) == sorted([first.pk, late.pk])
     assert published == [(first.work_id, State.SUCCEEDED, None)]
     assert seen(late).state == 'succeeded' and lifecycle.result(late) == {'n': 1}
+
+
+def test_a_process_uses_a_queues_measured_run_time_for_a_second_then_reads_it_again(lanes):
+    import time
+
+    from capacity.keys import holds_key, run_field
+    from workers.lifecycle.reads import RUN_TIME_KEPT_SECONDS, run_seconds
+    assert run_seconds('es2_knn') is None  # nothing measured yet
+    read_at = time.monotonic()
+    lanes.hset(holds_key(), run_field('es2_knn'), 4000)
+    assert run_seconds('es2_knn') is None  # what it read is kept a moment
+    deadline = time.monotonic() + RUN_TIME_KEPT_SECONDS + 5
+    while run_seconds('es2_knn') is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert run_seconds('es2_knn') == 4.0 and time.monotonic() - read_at >= RUN_TIME_KEPT_SECONDS
+    lanes.hset(holds_key(), run_field('es2_knn'), 6000)
+    assert run_seconds('es2_knn') == 4.0

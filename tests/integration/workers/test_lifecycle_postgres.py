@@ -1,14 +1,17 @@
 """On PostgreSQL, a first delivery claims its work and reads it back with its first call in one statement
 (workers/lifecycle/sql/claim_first.sql); elsewhere the ORM takes two. Both paths, side by side on the same
-database, claim the same way and read the same rows.
+database, claim the same way and read the same rows. Likewise a new work and its first call are written in
+one execute (statements.insert) or, elsewhere, two: the same rows, the same errors.
 
     HEAVY_LANES_TEST_ON_POSTGRES=1 .venv/bin/python -m pytest -m postgres tests/integration/workers
 import json
 """
+import uuid
 from datetime import timedelta
+from unittest import mock
 
 import pytest
-from django.db import connection
+from django.db import DataError, IntegrityError, connection
 from django.utils import timezone
 
 from tests.conftest import missing_service
@@ -70,3 +73,57 @@ def test_of_two_claims_one_wins(path, make_user, lanes, monkeypatch):
     assert lifecycle.claim_first(first.work_id, 'w@b pid 2') is None
     assert lifecycle.start(twin, 'w@b pid 2').kind == lifecycle.BUSY  # read before the claim: it lost
     assert Work.objects.get(pk=first.work_id).worker == 'w@a pid 1'
+
+
+# A new work's two INSERTs go out as one query string (statements.insert): an error in the second must undo the
+# first and reach the caller as Django's, with the connection usable after. Run outside a test transaction
+# (transactional_db), as the API runs it.
+
+def new_work(user, key='k', request_id=''):
+    work = Work(id=uuid.uuid4().hex, endpoint='$match', queue='es2_knn', payload={'rows': [{'name': 'x'}]},
+                expires_at=timezone.now() + timedelta(minutes=10))
+    call = Call(id=work.pk, owner=user, endpoint='$match', fingerprint='f', idempotency_key=key,
+                request_id=request_id)
+    return work, call
+
+
+@pytest.fixture(params=['one execute', 'orm'])
+def path(request, monkeypatch):
+    if request.param == 'orm':
+        monkeypatch.setattr(statements, 'available', lambda: False)
+    return request.param
+
+
+def test_a_new_work_and_its_call_are_written_with_its_message_or_not_at_all(path, transactional_db, make_user):
+    user = make_user()
+    work, call = new_work(user)
+    with pytest.raises(ConnectionError):
+        lifecycle.enqueue(work, call, publish=mock.Mock(side_effect=ConnectionError('broker down')))
+    assert not Work.objects.exists() and not Call.objects.exists()
+
+    publish = mock.Mock()
+    lifecycle.enqueue(*new_work(user), publish=publish)
+    stored = Call.objects.select_related('work').get()
+    assert publish.call_count == 1 and (stored.work.state, stored.served_as) == (State.QUEUED, 'run')
+    assert stored.work.payload == {'rows': [{'name': 'x'}]}
+
+
+def test_a_second_call_with_the_same_key_is_an_integrity_error_and_writes_nothing(path, transactional_db,
+                                                                                 make_user):
+    user = make_user()
+    first = lifecycle.enqueue(*new_work(user), publish=mock.Mock())
+    publish = mock.Mock()
+    with pytest.raises(IntegrityError):  # Django's, which the API answers with the earlier call
+        lifecycle.enqueue(*new_work(user), publish=publish)
+    assert not publish.called
+    assert list(Work.objects.values_list('pk', flat=True)) == [first.work_id]  # its work was rolled back too
+    assert Call.objects.filter(owner=user, idempotency_key='k').get().pk == first.pk  # the connection works
+
+
+def test_a_value_the_database_cant_store_is_a_data_error_and_writes_nothing(path, transactional_db, make_user):
+    user = make_user()
+    with pytest.raises(DataError):  # the API's 400
+        lifecycle.enqueue(*new_work(user, request_id='r' * 101), publish=mock.Mock())
+    assert not Work.objects.exists() and not Call.objects.exists()
+    lifecycle.enqueue(*new_work(user), publish=mock.Mock())
+    assert Call.objects.count() == 1
