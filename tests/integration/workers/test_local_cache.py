@@ -45,6 +45,17 @@ def heard(predicate, seconds=2.0):
     return False
 
 
+def drained():
+    """Once the hub has handled an invalidation published now, it has handled every earlier one (one
+    connection, in order): what a fixture announced as it committed (tiny_source's load) can't drop, a moment
+    later, what the test keeps next."""
+    barrier = LocalCache(f'barrier-{uuid.uuid4().hex}')
+    load, loads = counted()
+    barrier.get('k', load)
+    connections.connect('notices').publish(invalidation_channel(), f'{barrier.name}\nk')  # not announce():
+    assert heard(lambda: barrier.get('k', load) and len(loads) == 2)  # that drops it here at once
+
+
 def test_a_fact_is_read_once_and_dropped_by_its_announcement_only(hub):
     cache, other = LocalCache(f'a-{uuid.uuid4().hex}'), LocalCache(f'b-{uuid.uuid4().hex}')
     load, loads = counted()
@@ -177,6 +188,7 @@ def test_the_work_key_reads_a_source_version_once_and_a_saved_source_changes_it_
     from concepts.models import Source
     from workers.sharing import work_key
     payload = {'body': {'rows': [{'name': 'x'}], 'target_repo_url': tiny_source}}
+    drained()  # the source's load announced its change on commit: the hub drops the kept version when it hears it
     first = work_key('$match', payload, semantic=True)
     with CaptureQueriesContext(connection) as queries:
         assert work_key('$match', payload, semantic=True) == first
