@@ -9,8 +9,7 @@ import importlib.resources
 from django.db import connection
 from django.db.models.sql import InsertQuery
 
-from workers.models import Call, State, Work
-
+from workers.models import TRANSITIONS, Call, State, Work
 
 
 @functools.cache
@@ -78,6 +77,19 @@ def claim_first(work_id, worker):
     call = from_row(Call, names[split:], row[split:])
     call.work = work
     return call
+
+
+def succeed(work_id, worker, finished_at, answer_count, result_row):
+    """succeed.sql: move the work `work_id` to succeeded (only while it runs on `worker`, if given) and store
+    its result row (`result_row`: its columns, workers.lifecycle.running.result_row) with it; the work's
+    (holders, shared) as it ended, or None when nothing changed."""
+    transition = TRANSITIONS['succeed']
+    with connection.cursor() as cursor:
+        cursor.execute(read_statement('succeed'), {
+            **result_row, 'id': work_id, 'sources': list(transition.source), 'target': transition.target,
+            'any_worker': not worker, 'worker': worker or '', 'finished_at': finished_at,
+            'answer_count': answer_count})
+        return cursor.fetchone()
 
 
 def from_row(model, columns, values):

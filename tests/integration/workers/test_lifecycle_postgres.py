@@ -1,11 +1,13 @@
 """On PostgreSQL, a first delivery claims its work and reads it back with its first call in one statement
 (workers/lifecycle/sql/claim_first.sql); elsewhere the ORM takes two. Both paths, side by side on the same
 database, claim the same way and read the same rows. Likewise a new work and its first call are written in
-one execute (statements.insert) or, elsewhere, two: the same rows, the same errors.
+one execute (statements.insert) or, elsewhere, two: the same rows, the same errors. And a success is recorded
+in one statement (workers/lifecycle/sql/succeed.sql) or a transaction through django-celery-results' backend:
+the same work row, the same result row.
 
     HEAVY_LANES_TEST_ON_POSTGRES=1 .venv/bin/python -m pytest -m postgres tests/integration/workers
-import json
 """
+import json
 import uuid
 from datetime import timedelta
 from unittest import mock
@@ -127,3 +129,80 @@ def test_a_value_the_database_cant_store_is_a_data_error_and_writes_nothing(path
     assert not Work.objects.exists() and not Call.objects.exists()
     lifecycle.enqueue(*new_work(user), publish=mock.Mock())
     assert Call.objects.count() == 1
+
+
+# A success is recorded in one statement on PostgreSQL (workers/lifecycle/sql/succeed.sql) and in a transaction
+# through django-celery-results' backend elsewhere: the same work row, the same result row as the backend's own.
+
+def task_request(work_id):
+    """What Celery's request of a heavy call's task holds when the worker stores its result."""
+    from celery.app.task import Context
+    return Context(id=work_id, task='heavy_lanes.run_heavy_call', argsrepr=repr([work_id]),
+                   kwargsrepr=repr({'node': 'es2_knn@a'}), hostname='es2_knn@a', meta={'x': 1})
+
+
+RESULT_COLUMNS = ('status', 'result', 'content_type', 'content_encoding', 'meta', 'traceback', 'periodic_task_name',
+                  'task_name', 'task_args', 'task_kwargs', 'worker')
+
+
+@pytest.mark.parametrize('path', ['one statement', 'orm'])
+def test_a_success_stores_the_result_row_the_backend_stores_and_reads_back_its_holders(path, make_user, lanes,
+                                                                                     monkeypatch):
+    import celery
+    from celery import states
+    from django_celery_results.models import TaskResult
+
+    from workers.celery import app
+    if path == 'orm':
+        monkeypatch.setattr(statements, 'available', lambda: False)
+    user = make_user()
+    call = queued(user)
+    work = call.work
+    lifecycle.start(work, 'w@a pid 1')
+    another(user, work)  # joins while it runs: its end counts both calls
+    monkeypatch.setattr(celery, 'current_task', mock.Mock(request=task_request(work.pk)))
+    result = [{'row': {'name': 'chest pain'}, 'results': [{'id': 'HP:1'}, {'id': 'HP:2'}]}]
+
+    text = lifecycle.succeed(work, result, worker='w@a pid 1')
+
+    app.backend.store_result('by-backend', result, states.SUCCESS, request=task_request('by-backend'))
+    ours, theirs = (TaskResult.objects.values(*RESULT_COLUMNS).get(task_id=i) for i in (work.pk, 'by-backend'))
+    assert ours == {**theirs, 'task_args': theirs['task_args'].replace('by-backend', work.pk)}
+    assert (ours['task_name'], ours['worker']) == ('heavy_lanes.run_heavy_call', 'es2_knn@a')
+    assert json.loads(text) == result == app.backend.get_task_meta(work.pk)['result']
+    assert (work.holders, work.shared) == (2, True)
+    stored = Work.objects.get(pk=work.pk)
+    assert (stored.state, stored.finished_at, stored.error, stored.answer_count) == (
+        State.SUCCEEDED, work.finished_at, '', 2)
+
+
+@pytest.mark.parametrize('path', ['one statement', 'orm'])
+def test_a_success_of_a_work_no_longer_its_own_changes_nothing(path, make_user, lanes, monkeypatch):
+    from django_celery_results.models import TaskResult
+    if path == 'orm':
+        monkeypatch.setattr(statements, 'available', lambda: False)
+    work = queued(make_user()).work
+    assert lifecycle.succeed(work, {'n': 1}, worker='w@a pid 1') is None  # still queued
+    lifecycle.start(work, 'w@a pid 1')
+    assert lifecycle.succeed(work, {'n': 1}, worker='w@b pid 2') is None  # another worker's run
+    assert Work.objects.get(pk=work.pk).state == State.RUNNING and not TaskResult.objects.exists()
+    assert json.loads(lifecycle.succeed(work, {'n': 1})) == {'n': 1}  # no worker named: any run
+
+
+@pytest.mark.parametrize('path', ['one statement', 'orm'])
+def test_a_success_replaces_an_earlier_result_row_of_its_task(path, make_user, lanes, monkeypatch):
+    from celery import states
+    from django_celery_results.models import TaskResult
+
+    from workers.celery import app
+    if path == 'orm':
+        monkeypatch.setattr(statements, 'available', lambda: False)
+    work = queued(make_user()).work
+    app.backend.store_result(work.pk, ValueError('an earlier delivery'), states.FAILURE, traceback='tb')
+    created = TaskResult.objects.get(task_id=work.pk).date_created
+    lifecycle.start(work, 'w@a pid 1')
+    lifecycle.succeed(work, {'n': 1}, worker='w@a pid 1')
+    row = TaskResult.objects.get(task_id=work.pk)
+    assert (row.status, json.loads(row.result), row.traceback, row.date_created) == (
+        states.SUCCESS, {'n': 1}, None, created)
+    assert row.date_done >= created
