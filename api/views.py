@@ -119,8 +119,10 @@ def with_count(response, work=None):
     """OCL's `num_returned` header on a `$match` answer: the candidates in it, all rows together (a stored
     answer's count was stored with it: it isn't parsed to be counted)."""
     if isinstance(response.data, lifecycle.StoredJSON):
-        # The work as its completion notice left it may not have it: one small read, not a parse.
-        count = Work.objects.filter(pk=work.pk).values_list('answer_count', flat=True).first()
+        # Its completion notice brings it (workers.notify), else one small read, not a parse.
+        count = work.answer_count
+        if count is None:
+            count = Work.objects.filter(pk=work.pk).values_list('answer_count', flat=True).first()
         if count is not None:
             response['num_returned'] = str(count)
             return response

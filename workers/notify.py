@@ -12,8 +12,9 @@ FALLBACK_POLL_SECONDS while it isn't. The hub pings Redis every PING_SECONDS and
 back for STALE_SECONDS, so a connection left half-open by a Redis failover doesn't go deaf for good.
 
 A notice may carry the end itself: a call that succeeded is announced with its stored result (`state`, a
-newline, the result's JSON text, when it is at most NOTICE_RESULT_LIMIT bytes), so the request that waits
-for it answers without reading the row or the result again (workers.lifecycle.reads.wait). Only the code
+space and the answer's candidate count when it has one, a newline, the result's JSON text, when it is at
+most NOTICE_RESULT_LIMIT bytes), so the request that waits for it answers without reading the row or the
+result again (workers.lifecycle.reads.wait; the count is OCL's `num_returned` header). Only the code
 that wrote the end (a guarded UPDATE that also shut out a later detach or cancel) may say so; every other
 notice is a bare state and only a wake-up.
 
@@ -54,22 +55,22 @@ def get_client():
     return connections.connect('notices')
 
 
-def publish(call_id, state, result=None):
-    """Announce that a call reached `state` (with `result`, its stored JSON text, when it succeeded and
-    nothing can change that: see the module docstring); never raises (the waiter falls back to reading
-    the row)."""
+def publish(call_id, state, result=None, count=None):
+    """Announce that a call reached `state` (with `result`, its stored JSON text, and `count`, its answer's
+    candidates, when it succeeded and nothing can change that: see the module docstring); never raises
+    (the waiter falls back to reading the row)."""
     try:
-        get_client().publish(*notice(call_id, state, result))
+        get_client().publish(*notice(call_id, state, result, count))
     except redis.RedisError:
         pass
 
 
-def notice(call_id, state, result=None):
+def notice(call_id, state, result=None, count=None):
     """(channel, message) of the notice that a call reached `state` (see `publish`), for a caller that
     sends it in a round trip of its own (the end of a run: capacity.store.release_and_end)."""
     message = str(state)
     if result is not None and len(result) <= NOTICE_RESULT_LIMIT:
-        message = f'{message}\n{result}'
+        message = f'{message} {int(count)}\n{result}' if count is not None else f'{message}\n{result}'
     return channel(call_id), message
 
 
@@ -77,12 +78,14 @@ def notice(call_id, state, result=None):
 class Notice:
     state: str
     result: str | None = None  # the stored result's JSON text, when the notice carries it
+    count: int | None = None   # its answer's candidates (OCL's num_returned), when the notice carries them
 
 
 def parse(data):
     text = data.decode() if isinstance(data, bytes) else str(data)
-    state, newline, result = text.partition('\n')
-    return Notice(state, result if newline else None)
+    head, newline, result = text.partition('\n')
+    state, _, count = head.partition(' ')
+    return Notice(state, result if newline else None, int(count) if count.isdigit() else None)
 
 
 class Watch:

@@ -168,7 +168,7 @@ def ended(work, lease=None, result_text=None, first=None, sent=False):
         call.work = work
         log_line(call, work, lease)
     if not sent:
-        notify.publish(work.pk, work.state, notice_result(work, result_text))
+        notify.publish(work.pk, work.state, notice_result(work, result_text), work.answer_count)
         sharing.release_work(work)
 
 
@@ -182,12 +182,11 @@ def end_with_release(work, lease, ran=None, result_text=None, first=None):
     """`ended` for a run its worker recorded, whose leases go back now: the release, the completion notice
     and the work's release go to Redis in one round trip (capacity.lease.Lease.release_and_end: the pool
     process's next call waits behind every round trip of this one's end)."""
-    published = lease.release_and_end(ran=ran, notice=notify.notice(work.pk, work.state,
-                                                                    notice_result(work, result_text)),
-                                      work=sharing.work_release(work))
+    published = lease.release_and_end(ran=ran, notice=notify.notice(
+        work.pk, work.state, notice_result(work, result_text), work.answer_count), work=sharing.work_release(work))
     note_limiter(work, lease)
     if not published:
-        notify.publish(work.pk, work.state, notice_result(work, result_text))
+        notify.publish(work.pk, work.state, notice_result(work, result_text), work.answer_count)
         sharing.release_work(work)
     ended(work, lease, result_text, first, sent=True)
 

@@ -266,7 +266,7 @@ def wait(call, seconds, watch=None, for_answer=False):
     def ended_by(notice):
         if notice.state != State.SUCCEEDED or notice.result is None:
             return False
-        call.work.state = State.SUCCEEDED
+        call.work.state, call.work.answer_count = State.SUCCEEDED, notice.count
         brought.append(notice.result)
         return True
     if watch is not None:

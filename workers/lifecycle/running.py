@@ -156,9 +156,10 @@ def succeed(work, result, worker=None):
 
     finished_at = timezone.now()
     request = getattr(current_task, 'request', None)
+    count = answer_count(result)
     if statements.available():
         row = result_row(result, request)
-        ended = statements.succeed(work.pk, worker, finished_at, answer_count(result), row)
+        ended = statements.succeed(work.pk, worker, finished_at, count, row)
         if ended is None:
             return None
         work.holders, work.shared = ended
@@ -166,12 +167,12 @@ def succeed(work, result, worker=None):
     else:
         with transaction.atomic():
             if not move('succeed', work.pk, guard={'worker': worker} if worker else None,
-                        finished_at=finished_at, error='', answer_count=answer_count(result)):
+                        finished_at=finished_at, error='', answer_count=count):
                 return None
             app.backend.store_result(work.pk, result, states.SUCCESS, request=request)
             joined(work)
         text = app.backend.encode_content(result)[2]
-    work.state, work.finished_at, work.error = State.SUCCEEDED, finished_at, ''
+    work.state, work.finished_at, work.error, work.answer_count = State.SUCCEEDED, finished_at, '', count
     return text
 
 

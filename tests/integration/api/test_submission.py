@@ -235,8 +235,12 @@ def test_prefer_wait_answers_200_with_the_result_when_it_finishes_in_time(
 
 def test_a_waiting_request_is_answered_from_its_calls_end_notice_without_reading_it_again(
         in_process_worker, tiny_source, make_user, api_as, lanes_redis, monkeypatch):
-    """The worker announces a success with its result; the request that waits for it, watching since
-    before the call was published, answers from that notice: no look at the row, no read of the result."""
+    """The worker announces a success with its result and its count; the request that waits for it, watching
+    since before the call was published, answers from that notice: no look at the row, no read of the result
+    or of its count."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
     from workers import notify
     from workers.lifecycle import reads
     hub = notify.get_hub()
@@ -252,10 +256,12 @@ def test_a_waiting_request_is_answered_from_its_calls_end_notice_without_reading
     monkeypatch.setattr(notify, 'wait_for', counting_wait_for)
     client = api_as(make_user())
     started = time.monotonic()
-    response = match(client, tiny_source, HTTP_PREFER='wait=20')
+    with CaptureQueriesContext(connection) as queries:
+        response = match(client, tiny_source, HTTP_PREFER='wait=20')
     assert response.status_code == 200, response.content
     assert time.monotonic() - started < notify.POLL_SECONDS  # not found by a periodic look
     assert looks == [] and results == []
+    assert not [query for query in queries if query['sql'].startswith('SELECT') and 'answer_count' in query['sql']]
     task = client.get(response['Content-Location']).json()
     assert task['state'] == 'succeeded' and task['result'] == response.json()
     assert int(response['num_returned']) == sum(len(entry['results']) for entry in response.json())

@@ -130,9 +130,10 @@ def test_a_success_is_announced_with_its_result_only_when_no_other_call_shares_t
             lifecycle.start(work, 'w@me pid 1')
             text = lifecycle.succeed(work, [{'n': work.pk}], worker='w@me pid 1')
             lifecycle.ended(work, result_text=text)
-    assert [(work_id, state) for work_id, state, _ in published] == [(alone.pk, State.SUCCEEDED),
+    assert [(work_id, state) for work_id, state, *_ in published] == [(alone.pk, State.SUCCEEDED),
                                                                      (shared.pk, State.SUCCEEDED)]
     assert json.loads(published[0][2]) == [{'n': alone.pk}] and published[1][2] is None
+    assert published[0][3] == 0  # its count (num_returned): no candidates in these answers
 
 
 def test_fail_records_the_error_and_the_usage_is_given_back_by_the_state(make_user, lanes):
@@ -255,7 +256,7 @@ def test_a_call_that_joins_while_the_work_runs_is_ended_with_it_by_the_worker_th
         text = lifecycle.succeed(loaded, {'n': 1}, worker='w@me pid 1')
         lifecycle.ended(loaded, result_text=text)
     assert sorted(c.args[0]['task_id'] for c in quiet.call_args_list) == sorted([first.pk, late.pk])
-    assert published == [(first.work_id, State.SUCCEEDED, None)]
+    assert published == [(first.work_id, State.SUCCEEDED, None, None)]
     assert seen(late).state == 'succeeded' and lifecycle.result(late) == {'n': 1}
 
 
@@ -264,8 +265,8 @@ def test_a_process_uses_a_queues_measured_run_time_for_a_second_then_reads_it_ag
 
     from capacity.keys import holds_key, run_field
     from workers.lifecycle.reads import RUN_TIME_KEPT_SECONDS, run_seconds
+    read_at = time.monotonic()  # before the read: what it keeps expires a second after the read itself
     assert run_seconds('es2_knn') is None  # nothing measured yet
-    read_at = time.monotonic()
     lanes.hset(holds_key(), run_field('es2_knn'), 4000)
     assert run_seconds('es2_knn') is None  # what it read is kept a moment
     deadline = time.monotonic() + RUN_TIME_KEPT_SECONDS + 5

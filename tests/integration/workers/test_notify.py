@@ -133,3 +133,13 @@ def test_a_watch_made_before_the_publish_on_a_hub_not_connected_finds_the_end_by
     assert notify.wait_for('y', lambda: looks.append(1) or True, 5, watch=watch)
     assert notify.FALLBACK_POLL_SECONDS <= time.monotonic() - started < notify.POLL_SECONDS and looks == [1]
     hub.unwatch(watch)
+
+
+def test_a_notice_with_a_result_carries_its_count_and_one_without_still_parses():
+    """The count (OCL's num_returned) goes with the result; a bare notice has neither, and a notice from a
+    worker of the version before (no count) still brings its result."""
+    assert notify.parse(notify.notice('c1', 'succeeded', '[1]', 3)[1].encode()) == notify.Notice('succeeded', '[1]', 3)
+    assert notify.parse(notify.notice('c1', 'succeeded', '[1]')[1]) == notify.Notice('succeeded', '[1]')
+    assert notify.parse(b'succeeded\n[{"a": "b c"}]') == notify.Notice('succeeded', '[{"a": "b c"}]')
+    assert notify.notice('c1', 'cancelled', None, 3)[1] == 'cancelled'
+    assert notify.parse(b'cancelled') == notify.Notice('cancelled')
