@@ -51,6 +51,10 @@ WARM_SECONDS = 3        # left out at the start of each phase
 SYNC_WORKERS = 4        # the in-request world's gunicorn sync workers, as OCL's API containers run
 API_WORKERS = 2         # Heavy Lanes' gthread processes, as `make run` and compose run them
 TIMEOUT = 300
+# The config cache and the pool reconciler refresh as `make run` and compose have them (api/settings.py's
+# CAPACITY_CONFIG_CACHE_SECONDS): nothing here changes the config after the start, and a refresh every second
+# (bench/stack.py's default) re-reads the config and each caller's plan in every process once a second.
+PRODUCTION_CONFIG_SECONDS = 10
 FINAL = ('succeeded', 'failed', 'cancelled', 'expired')
 
 
@@ -270,7 +274,8 @@ def start_sync_server(stack):
 def run_world(name, users, seconds, idle_seconds, config=None):
     """{N: FIG} and {N or 'idle': detail} of one world, each phase's load averages beside it."""
     in_request = name == 'in_request'
-    stack = Stack(api_workers=1 if in_request else API_WORKERS, lanes={} if in_request else None, config=config)
+    stack = Stack(api_workers=1 if in_request else API_WORKERS, lanes={} if in_request else None, config=config,
+                  config_seconds=PRODUCTION_CONFIG_SECONDS)
     with stack:
         if in_request:
             world = World(name, start_sync_server(stack), '/bench/inrequest/$match/?semantic=true')

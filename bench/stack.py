@@ -21,7 +21,8 @@ What it starts, each child the leader of its own process group (logs in bench/ou
 Settings are production-like where they matter for speed: DEBUG off, persistent database connections
 (DATABASE_CONN_MAX_AGE=60, as docker-compose sets). Two are changed for the benchmarks and stated in
 docs/benchmarks.md: the capacity config cache and the pool reconciler refresh every second (so a
-benchmark's config change applies within 1.5 s), and the heavy rate limit is `HEAVY_RATE_LIMIT` (default
+benchmark's config change applies within 1.5 s; `config_seconds` gives a benchmark that changes no config
+production's 10 s instead, bench/flood.py), and the heavy rate limit is `HEAVY_RATE_LIMIT` (default
 here 100000/s: never throttles, while the per-user window (api.throttles) stays about as long as production's
 600/min).
 HEAVY_LANES_BENCH_VIEWS=true adds the floor views of api/bench_views.py under /bench/.
@@ -82,11 +83,15 @@ def _admin(sql):
 
 class Stack(StackState):
     def __init__(self, api_workers=3, lanes=None, terminology='hpo', config=None, env=None,
-                 bench_views=True, quiet=False, api_servers=1, nodes_per_lane=1, maintenance=False):
+                 bench_views=True, quiet=False, api_servers=1, nodes_per_lane=1, maintenance=False,
+                 config_seconds=CONFIG_SECONDS):
         """`lanes`: {queue: pool size} of the lane workers to start (default: one worker per queue, pools
         from the default config); `config`: capacity config changes saved before anything starts, over
         NO_WARM_RESULTS (a `cache` key of its own replaces that); `api_servers`, `nodes_per_lane`,
-        `maintenance`: see the module docstring (the defaults start one of each, no beat)."""
+        `maintenance`: see the module docstring (the defaults start one of each, no beat); `config_seconds`:
+        the processes' CAPACITY_CONFIG_CACHE_SECONDS and WORKERS_RECONCILE_SECONDS (a benchmark that
+        measures what production runs, not a config change, gives production's)."""
+        self.config_seconds = config_seconds
         self.api_workers = api_workers
         self.api_servers = api_servers
         self.nodes_per_lane = nodes_per_lane
@@ -225,7 +230,7 @@ class Stack(StackState):
         save_config(changes, note=note)
         clear_cache()
         if wait:
-            time.sleep(CONFIG_SECONDS + 0.5)
+            time.sleep(self.config_seconds + 0.5)
 
     # --- starting -----------------------------------------------------------------------------------------
 
@@ -264,8 +269,8 @@ class Stack(StackState):
             'CELERY_BROKER_URL': self.redis_url,
             'DEBUG': 'false',
             'HEAVY_LANES_PRODUCTION': 'false',
-            'CAPACITY_CONFIG_CACHE_SECONDS': str(CONFIG_SECONDS),
-            'WORKERS_RECONCILE_SECONDS': str(CONFIG_SECONDS),
+            'CAPACITY_CONFIG_CACHE_SECONDS': str(self.config_seconds),
+            'WORKERS_RECONCILE_SECONDS': str(self.config_seconds),
             'HEAVY_RATE_LIMIT': os.environ.get('HEAVY_RATE_LIMIT', '100000/s'),
             'HEAVY_LANES_BENCH_VIEWS': 'true' if self.bench_views else 'false',
             'PYTHONUNBUFFERED': '1',
