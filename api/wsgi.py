@@ -12,7 +12,14 @@ views call, which brings in SciPy. Left to the first requests, that cost about 0
 and 0.6–0.8 s to each of the first calls of a process under load, since every thread that arrives during
 the import waits on it (bench/latency.py's slowest calls were all a run's first). Imports only: no
 database or Redis, so a process still starts, and answers its readiness check, while those are down.
+
+Then `gc.freeze()`, as a lane worker does once its indexes are loaded (workers.signals.warm_indexes): what
+is loaded by now (Django, DRF, SciPy, every view) is never scanned by the garbage collector again. A full
+collection walked its ~108,000 objects in about 60 ms, and on a busy host twice that: under a bulk flood
+every request of the process waited it out at once (bench/flood.py, the lexical `$match` and `/healthz`
+trickles' one slow moment, docs/benchmarks.md).
 """
+import gc
 import importlib
 import io
 import os
@@ -47,6 +54,7 @@ def build():
     from django.conf import settings
     application = ChunkedBody(get_wsgi_application(), settings.MAX_REQUEST_BYTES)
     warm()
+    gc.freeze()
     return application
 
 
