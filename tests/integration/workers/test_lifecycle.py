@@ -275,3 +275,20 @@ def test_a_process_uses_a_queues_measured_run_time_for_a_second_then_reads_it_ag
     assert run_seconds('es2_knn') == 4.0 and time.monotonic() - read_at >= RUN_TIME_KEPT_SECONDS
     lanes.hset(holds_key(), run_field('es2_knn'), 6000)
     assert run_seconds('es2_knn') == 4.0
+
+
+def test_a_waiting_requests_look_reads_its_cancel_and_its_works_end_in_one_query(make_user, lanes,
+                                                                                django_assert_num_queries):
+    from workers.lifecycle.reads import look_again
+    call = queued(make_user())
+    lifecycle.start(call.work, 'w@me pid 1')
+    lifecycle.succeed(Work.objects.get(pk=call.work_id), {'n': 1}, worker='w@me pid 1')
+    Call.objects.filter(pk=call.pk).update(cancelled_at=timezone.now())
+    assert call.cancelled_at is None and call.work.state == State.RUNNING  # as this process last saw them
+    with django_assert_num_queries(1):
+        look_again(call)
+    assert call.cancelled_at is not None
+    assert (call.work.state, call.work.rows_done, call.work.finished_at is not None) == (State.SUCCEEDED, 0, True)
+    Work.objects.filter(pk=call.work_id).delete()
+    with pytest.raises(Work.DoesNotExist):
+        look_again(call)
