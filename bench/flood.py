@@ -34,6 +34,7 @@ import random
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import requests
@@ -271,8 +272,9 @@ def start_sync_server(stack):
     return f'http://127.0.0.1:{port}'
 
 
-def run_world(name, users, seconds, idle_seconds, config=None):
-    """{N: FIG} and {N or 'idle': detail} of one world, each phase's load averages beside it."""
+@contextmanager
+def started(name, config=None):
+    """The world `name` on a private stack of its own, every process that runs the work warm: (World, Stack)."""
     in_request = name == 'in_request'
     stack = Stack(api_workers=1 if in_request else API_WORKERS, lanes={} if in_request else None, config=config,
                   config_seconds=PRODUCTION_CONFIG_SECONDS)
@@ -284,6 +286,13 @@ def run_world(name, users, seconds, idle_seconds, config=None):
             world = World(name, stack.url, '/concepts/$match/?semantic=true')
             warm(world, stack, 6)
             stack.wait_drained()
+        yield world, stack
+
+
+def run_world(name, users, seconds, idle_seconds, config=None):
+    """{N: FIG} and {N or 'idle': detail} of one world, each phase's load averages beside it."""
+    in_request = name == 'in_request'
+    with started(name, config) as (world, stack):
         idle = run_phase(world, stack, 0, idle_seconds)
         details = {'idle': {**detail(idle), 'load': load()}}
         print(f'[{name}] idle: ' + describe(figure(idle, idle), details['idle']), flush=True)

@@ -23,10 +23,9 @@ import sys
 import threading
 import time
 
-from flood import BULK_ROWS, PRODUCTION_CONFIG_SECONDS, SYNC_WORKERS, World, rows_body, semantic, session_for, \
-    start_sync_server, warm
+from flood import BULK_ROWS, rows_body, semantic, session_for, started
 from helpers import write
-from stack import PG_ADMIN_URL, Stack
+from stack import PG_ADMIN_URL
 
 TICKS = os.sysconf('SC_CLK_TCK')
 GROUPS = (('-Q es2_knn', 'es2_knn workers'), ('-Q interactive', 'interactive workers'),
@@ -157,18 +156,8 @@ def main():
     print('$', ' '.join([os.path.relpath(sys.executable), *sys.argv]), flush=True)
     results = {}
     for name in args.worlds.split(','):
-        in_request = name == 'in_request'
-        stack = Stack(api_workers=1 if in_request else 2, lanes={} if in_request else None,
-                      config_seconds=PRODUCTION_CONFIG_SECONDS)
-        with stack:
-            if in_request:
-                world = World(name, start_sync_server(stack), '/bench/inrequest/$match/?semantic=true')
-                warm(world, stack, SYNC_WORKERS * 2)
-            else:
-                world = World(name, stack.url, '/concepts/$match/?semantic=true')
-                warm(world, stack, 6)
-                stack.wait_drained()
-            results[name] = [measure(world, stack, args.calls, args.senders, not in_request)
+        with started(name) as (world, stack):
+            results[name] = [measure(world, stack, args.calls, args.senders, name != 'in_request')
                              for _ in range(args.rounds)]
     write('flood_cpu', {'worlds': results, 'settings': vars(args)})
 
