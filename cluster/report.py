@@ -20,7 +20,7 @@ then the checks run (cluster/checks.py):
 - **leases**: no lease left in any lane, `lease_seconds` + one renewal after the last call ended;
 - **lanes**: from the rows, no call admitted into a lane that already held its limit of open calls, except
   in the documented windows (a Redis failover's fail-open; a work taken over from a dead node counted over
-  its lane, one per such work);
+  each of its lanes: in each lane, one over per such work in it);
 - **pools**: each queue's pool processes across the live nodes add up to its configured size
   (`/capacity/status/`);
 - **latency** (failovers): every `respond-async` submission answered within 10 s (the limiter's and the
