@@ -1,4 +1,4 @@
-"""DELETE racing a call's start, 208 times, on the real stack (gunicorn, a prefork lane worker with a pool of
+"""DELETE racing a call's start, 144 times, on the real stack (gunicorn, a prefork lane worker with a pool of
 two, the test's own redis-server): small calls, each cancelled a varied moment after its 202 or just as a
 worker picks it up. Whatever the moment, once the cancel answers `cancelled` the work never completes
 with a stored result: a call cancelled while queued never starts, and one cancelled while it ran keeps
@@ -31,7 +31,7 @@ from workers.models import Work
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 CLIENTS = 4
-ROUNDS = 52  # per client: 208 races
+ROUNDS = 36  # per client: 144 races (the delays in turn, 3 times each per client)
 GRACE_SECONDS = 3  # the sweep's: a delivery taken and not started for longer was lost
 DELAYS = (0, 0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.06, 0.1, 0.2, 0.4)  # s, one a round in turn
 # A cancelled call's run that stopped its own work releases its leases and marks the row stopped
