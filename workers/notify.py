@@ -8,8 +8,12 @@ not a Redis connection, so a host can hold many of them (docs/architecture.md, "
 A waiter registers its Event first, then reads the call's row, then waits: a call that ends between the two
 is never missed. The row is the truth and the notice only a wake-up: a waiter also looks at the row every
 POLL_SECONDS while the hub is connected (a notice lost in a reconnect costs at most that), and every
-FALLBACK_POLL_SECONDS while it isn't. The hub pings Redis every PING_SECONDS and reconnects when nothing came
-back for STALE_SECONDS, so a connection left half-open by a Redis failover doesn't go deaf for good.
+FALLBACK_POLL_SECONDS while it isn't. The periodic look while connected is shared (`wait_for(among=)`):
+the first waiter due takes one look at the rows of every work this process waits on (`Hub.ended_lately`),
+and only the waiters whose work it found ended read their own rows; so a host waiting on many calls reads
+the database once every POLL_SECONDS for them all, not once per waiting request. The hub pings Redis every
+PING_SECONDS and reconnects when nothing came back for STALE_SECONDS, so a connection left half-open by a
+Redis failover doesn't go deaf for good.
 
 A notice may carry the end itself: a call that succeeded is announced with its stored result (`state`, a
 space and the answer's candidate count when it has one, a newline, the result's JSON text, when it is at
@@ -117,6 +121,10 @@ class Hub:
         self.connected = threading.Event()
         self.thread = None
         self.prefix = channel('')
+        # The shared periodic look (ended_lately): when the last one started, and the works it found ended.
+        self.look_lock = threading.Lock()
+        self.looked_at = None
+        self.looked_ended = frozenset()
         # Objects with connected(), lost() and invalidated(data) (workers.local_cache). They are told of each
         # change of state after `connected` changes, so one that reads `connected` never keeps a fact it
         # could miss the invalidation of.
@@ -158,6 +166,20 @@ class Hub:
     def waiting(self):
         with self.lock:
             return sum(len(events) for events in self.waiters.values())
+
+    def ended_lately(self, among, within):
+        """Of the works this process waits on, those that `among(ids)` (one look at all their rows) found
+        ended, by a look started at most `within` s ago: made now, by this caller, when none was. A waiter
+        that needs a look after this one started gets a newer one, so a lost notice costs at most `within`
+        more than a look of its own would. `among`'s error is raised to the caller, as its own look's."""
+        with self.look_lock:
+            if self.looked_at is None or time.monotonic() - self.looked_at >= within:
+                with self.lock:
+                    ids = list(self.waiters)
+                started = time.monotonic()
+                self.looked_ended = frozenset(among(ids)) if ids else frozenset()
+                self.looked_at = started
+            return self.looked_ended
 
     def wake(self, call_id, notice=None):
         notice = notice or Notice('')
@@ -228,12 +250,15 @@ def get_hub():
     return _hubs.get()
 
 
-def wait_for(call_id, is_finished, timeout, watch=None, ended_by=None):
+def wait_for(call_id, is_finished, timeout, watch=None, ended_by=None, among=None):
     """Wait up to `timeout` s until `is_finished()` is true; return its last value.
 
     `watch`: one the caller registered (`get_hub().watch`) before the call could end; it keeps and gives
     it back. The row isn't read before a notice or the first periodic look then.
-    `ended_by(notice)`: True when a notice alone says the call ended (then the row isn't read)."""
+    `ended_by(notice)`: True when a notice alone says the call ended (then the row isn't read).
+    `among(ids)`: the ids whose works may have ended, of many, in one look: the periodic look of a
+    connected hub is then shared by every waiter of the process (Hub.ended_lately), and `is_finished` runs
+    only for a first look, after a notice, when the shared look found this one, or on a hub not connected."""
     if timeout <= 0:
         return is_finished()
     deadline = time.monotonic() + timeout
@@ -248,12 +273,14 @@ def wait_for(call_id, is_finished, timeout, watch=None, ended_by=None):
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            watch.event.wait(min(left, POLL_SECONDS if hub.connected.is_set() else FALLBACK_POLL_SECONDS))
+            connected = hub.connected.is_set()
+            woken = watch.event.wait(min(left, POLL_SECONDS if connected else FALLBACK_POLL_SECONDS))
             watch.event.clear()
             notices = watch.take()
             if ended_by is not None and any(ended_by(notice) for notice in notices):
                 return True
-            look = True
+            look = woken or notices or among is None or not connected or \
+                call_id in hub.ended_lately(among, POLL_SECONDS)
     finally:
         if own:
             hub.unwatch(watch)

@@ -24,7 +24,7 @@ from capacity.logs import emit
 from capacity.store import Unknown, get_store
 from workers import estimates, lanes, messages, notify
 from workers.lifecycle.seen import CANCELLED, EXPIRED, seen
-from workers.models import Call, State, Work
+from workers.models import FINAL_STATES, Call, State, Work
 
 logger = logging.getLogger('heavy_lanes')
 
@@ -270,13 +270,25 @@ def wait(call, seconds, watch=None, for_answer=False):
         return True
     if watch is not None:
         rest()  # no first look (wait_for): the connection goes back before the wait, not after it
-    done = notify.wait_for(call.work_id, finished, seconds, watch=watch, ended_by=ended_by if for_answer else None)
+    done = notify.wait_for(call.work_id, finished, seconds, watch=watch, ended_by=ended_by if for_answer else None,
+                           among=ended_among)
     return Waited(done, brought[0] if brought else None)
+
+
+def ended_among(work_ids):
+    """Of the works `work_ids`, those that ended or have a cancelled call, in one query: the periodic look
+    of every request waiting in this process (notify.Hub.ended_lately). The connection goes back after it,
+    as after a waiting request's own look: the thread that made it goes on waiting."""
+    found = set(Work.objects.filter(pk__in=work_ids).filter(
+        Q(state__in=FINAL_STATES) | Q(calls__cancelled_at__isnull=False)).values_list('pk', flat=True))
+    if not connection.in_atomic_block:
+        connection.close()
+    return found
 
 
 def look_again(call):
     """Read `call`'s cancellation and its work's WORK_FIELDS again, in one query (a waiting request looks
-    every notify.POLL_SECONDS: under a bulk flood, dozens of them a second on each API host)."""
+    after a bare notice, and when the process's shared look, `ended_among`, found its work ended)."""
     cancelled = Call.objects.filter(pk=call.pk).values('cancelled_at')[:1]
     row = Work.objects.filter(pk=call.work_id).values(*WORK_FIELDS, call_cancelled_at=Subquery(cancelled)).first()
     if row is None:

@@ -292,3 +292,22 @@ def test_a_waiting_requests_look_reads_its_cancel_and_its_works_end_in_one_query
     Work.objects.filter(pk=call.work_id).delete()
     with pytest.raises(Work.DoesNotExist):
         look_again(call)
+
+
+def test_the_shared_look_finds_the_works_that_ended_or_have_a_cancelled_call_in_one_query(
+        make_user, lanes, django_assert_num_queries):
+    from workers.lifecycle.reads import ended_among
+    user = make_user()
+    waiting, running, succeeded, cancelled_one, shared = (queued(user) for _ in range(5))
+    lifecycle.start(running.work, 'w@me pid 1')
+    lifecycle.start(succeeded.work, 'w@me pid 1')
+    lifecycle.succeed(Work.objects.get(pk=succeeded.work_id), {'n': 1}, worker='w@me pid 1')
+    lifecycle.cancel(cancelled_one)
+    other = another(user, shared.work)
+    lifecycle.cancel(shared)  # one of its two calls: the work goes on for the other, whose waiter must look
+    assert Work.objects.get(pk=shared.work_id).state == State.QUEUED
+    ids = [call.work_id for call in (waiting, running, succeeded, cancelled_one, shared)] + ['gone']
+    with django_assert_num_queries(1):
+        found = ended_among(ids)
+    assert found == {succeeded.work_id, cancelled_one.work_id, shared.work_id}
+    assert other.work_id == shared.work_id and ended_among([]) == set()

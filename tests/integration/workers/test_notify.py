@@ -143,3 +143,60 @@ def test_a_notice_with_a_result_carries_its_count_and_one_without_still_parses()
     assert notify.parse(b'succeeded\n[{"a": "b c"}]') == notify.Notice('succeeded', '[{"a": "b c"}]')
     assert notify.notice('c1', 'cancelled', None, 3)[1] == 'cancelled'
     assert notify.parse(b'cancelled') == notify.Notice('cancelled')
+
+
+def test_waiters_with_a_shared_look_read_the_rows_once_a_poll_for_all_of_them(monkeypatch):
+    """No notice comes: the periodic look of a connected hub is one `among` for every waiter of the process,
+    and only the waiters whose work it found ended read their own rows."""
+    monkeypatch.setattr(notify, 'POLL_SECONDS', 0.2)
+    hub = notify.get_hub()
+    hub.unwatch(hub.watch('warm-up'))
+    assert hub.connected.wait(5)
+    calls = [uuid.uuid4().hex for _ in range(20)]
+    done, shared_looks, own_looks, results = set(), [], [], {}
+    lock = threading.Lock()
+
+    def among(ids):
+        with lock:
+            shared_looks.append(set(ids))
+        return {call_id for call_id in ids if call_id in done}
+
+    def wait(call_id):
+        def finished():
+            with lock:
+                own_looks.append(call_id)
+            return call_id in done
+        results[call_id] = notify.wait_for(call_id, finished, 1.5, watch=watches[call_id], among=among)
+    watches = {call_id: hub.watch(call_id) for call_id in calls}  # as a request watching before its publish
+    threads = [threading.Thread(target=wait, args=(call_id,)) for call_id in calls]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    later(0.5, done.update, calls[:5])  # five end, and nobody publishes
+    for thread in threads:
+        thread.join(5)
+    for watch in watches.values():
+        hub.unwatch(watch)
+    took = time.monotonic() - started
+    assert [results[call_id] for call_id in calls] == [True] * 5 + [False] * 15
+    # one shared look a poll (the first waiter due makes it, the others use it), not one a waiter a poll
+    assert 3 <= len(shared_looks) <= took / 0.2 + 2 and all(set(calls) <= ids for ids in shared_looks[:2])
+    assert sorted(set(own_looks)) == sorted(calls[:5])  # the others never read their own rows
+    assert len(own_looks) == 5
+
+
+def test_a_shared_look_that_fails_fails_the_wait_as_its_own_look_would(monkeypatch):
+    monkeypatch.setattr(notify, 'POLL_SECONDS', 0.1)
+    hub = notify.get_hub()
+    hub.unwatch(hub.watch('warm-up'))
+    assert hub.connected.wait(5)
+    call_id = uuid.uuid4().hex
+
+    def among(ids):
+        raise RuntimeError('the database is down')
+    watch = hub.watch(call_id)
+    try:
+        with pytest.raises(RuntimeError, match='database is down'):
+            notify.wait_for(call_id, lambda: False, 2, watch=watch, among=among)
+    finally:
+        hub.unwatch(watch)
