@@ -39,8 +39,10 @@ def group(cmdline):
 
 
 def cpu_by_process():
-    """{pid: (cpu seconds so far, its group)} of every process now."""
-    found = {}
+    """{pid: (cpu seconds so far, its group, whether it is a main process)} of every process now: a process
+    whose parent is of another group is a main one (a lane worker node's consumer, a gunicorn master); one
+    whose parent is of its own group is a child (a pool process, a gunicorn worker)."""
+    found, parents = {}, {}
     for pid in filter(str.isdigit, os.listdir('/proc')):
         try:
             with open(f'/proc/{pid}/stat') as stat, open(f'/proc/{pid}/cmdline', 'rb') as cmdline:
@@ -48,7 +50,8 @@ def cpu_by_process():
         except OSError:
             continue  # gone meanwhile
         found[pid] = ((int(fields[11]) + int(fields[12])) / TICKS, group(command.replace(b'\0', b' ').decode()))
-    return found
+        parents[pid] = fields[1]
+    return {pid: (cpu, name, found.get(parents[pid], (0, None))[1] != name) for pid, (cpu, name) in found.items()}
 
 
 def idle_seconds():
@@ -128,19 +131,26 @@ def measure(world, stack, calls, senders, heavy_lanes):
     samples = send(world, stack, calls, senders)
     seconds, after, idle = time.monotonic() - started, cpu_by_process(), idle_seconds() - idle_before
     answered = sum(sample.ok for sample in samples)
-    spent = collections.Counter()
-    for pid, (cpu, name) in after.items():
-        spent[name] += cpu - before.get(pid, (0.0, name))[0]
+    spent, main_spent = collections.Counter(), collections.Counter()
+    for pid, (cpu, name, main) in after.items():
+        spent[name] += cpu - before.get(pid, (0.0, name, main))[0]
+        if main and name.endswith(' workers'):
+            main_spent[name] += cpu - before.get(pid, (0.0, name, main))[0]
     figure = {'calls': calls, 'answered': answered, 'seconds': round(seconds, 1),
               'rows_per_s': round(answered * BULK_ROWS / seconds, 1), 'idle_cpu_s': round(idle, 1),
               'cpu_ms_per_call': round(sum(spent.values()) / answered * 1000, 1),
               'by_process_ms_per_call': {name: round(cpu / answered * 1000, 1)
-                                         for name, cpu in spent.most_common() if cpu > 0}}
+                                         for name, cpu in spent.most_common() if cpu > 0},
+              # of a lane worker node's share, its main process (Celery's consumer: the broker, the acks,
+              # handing messages to the pool) apart from its pool processes
+              'main_process_ms_per_call': {name: round(cpu / answered * 1000, 1)
+                                           for name, cpu in main_spent.most_common() if cpu > 0}}
     if heavy_lanes:
         figure['pool_gaps'] = pool_gaps(calls)
         figure['database'] = statements.per_call(answered)
     print(f"[{world.name}] {figure['answered']}/{calls} answered in {figure['seconds']} s, {figure['rows_per_s']} "
-          f"rows/s, {figure['cpu_ms_per_call']} ms CPU a call: {figure['by_process_ms_per_call']}"
+          f"rows/s, {figure['cpu_ms_per_call']} ms CPU a call: {figure['by_process_ms_per_call']} (main processes "
+          f"{figure['main_process_ms_per_call']})"
           + (f"; pool gaps {figure['pool_gaps']}; {(figure['database'] or {}).get('statements_per_call')} "
              f"statements a call" if heavy_lanes else ''), flush=True)
     return figure
