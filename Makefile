@@ -23,13 +23,15 @@ run: $(STAMP)
 
 # Two passes: everything on SQLite, then the PostgreSQL-only cases (statement timeouts, advisory locks)
 # with PostgreSQL as the database. Both real Redis and PostgreSQL are expected on 127.0.0.1.
-# The first pass runs in TEST_PROCESSES pytest-xdist processes, a test file to a process: most of its time
-# is tests waiting on the real workers and servers they start, so two processes halve it on two cores.
+# Each pass runs in TEST_PROCESSES pytest-xdist processes, a test file to a process: most of its time is
+# tests waiting on the real workers and servers they start, so two processes halve it on two cores (on
+# PostgreSQL each process gets a test database of its own from pytest-django).
 # Each pass ends with its slowest tests (--durations), the place to look when the CI run's time grows.
 TEST_PROCESSES ?= 2
 test: $(STAMP) lint
 	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile -m "not postgres" --durations=15 $(PYTEST_ARGS)
-	HEAVY_LANES_TEST_ON_POSTGRES=1 $(PY) -m pytest -m postgres --durations=5 $(PYTEST_ARGS)
+	HEAVY_LANES_TEST_ON_POSTGRES=1 $(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile -m postgres --durations=5 \
+		$(PYTEST_ARGS)
 
 # The house's own checks, run first by `make test`: the style (ruff, pyproject.toml) and the layers
 # (import-linter: api over workers over capacity and concepts over common; docs/architecture.md, "Parts").
