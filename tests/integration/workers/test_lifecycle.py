@@ -165,7 +165,7 @@ def test_a_running_cancel_keeps_the_leases_until_the_work_stopped(make_user, lan
     assert not lifecycle.stopped(call.work_id)  # once
 
 
-def test_a_cancel_that_finds_the_work_running_shows_its_start_though_another_clock_wrote_it_later(make_user):
+def test_a_cancel_that_finds_the_work_running_shows_its_start_though_another_clock_wrote_it_later(make_user, lanes):
     # The start is written with the database's clock (or a worker host's); this host's runs behind it.
     call = queued(make_user())
     lifecycle.start(call.work, 'w@me pid 1')
