@@ -29,8 +29,8 @@ class Pending:
     """Increments gathered in this process and not yet sent."""
 
     def __init__(self):
-        self.counts = Counter()  # field -> increments
-        self.minutes = Counter()  # (minute, decision) -> increments
+        self.counts = Counter()  # (key prefix, field) -> increments
+        self.minutes = Counter()  # (key prefix, minute, decision) -> increments
         self.lock = threading.Lock()
         self.flush_queued = False
 
@@ -53,11 +53,12 @@ def increment(*fields, minutes=()):
     if not fields and not minutes:
         return
     pending = _pending.get()
+    prefix = settings.CAPACITY_KEY_PREFIX  # the prefix now, not when they are sent (tests change it)
     with pending.lock:
         for labels in fields:
-            pending.counts[SEPARATOR.join(str(label) for label in labels)] += 1
+            pending.counts[(prefix, SEPARATOR.join(str(label) for label in labels))] += 1
         for minute, decision in minutes:
-            pending.minutes[(int(minute), str(decision))] += 1
+            pending.minutes[(prefix, int(minute), str(decision))] += 1
         if pending.flush_queued:
             return
         pending.flush_queued = True
@@ -80,14 +81,19 @@ def _send(pending, store):
 
 
 def _take(pending):
-    """The gathered increments, `({field: n}, {(minute, decision): n})`, now gone from `pending` (on the Redis
-    thread, or when dropped)."""
+    """The gathered increments by the key prefix they were counted under, `{prefix: ({field: n},
+    {(minute, decision): n})}`, now gone from `pending` (on the Redis thread, or when dropped)."""
     with pending.lock:
         counts, minutes = dict(pending.counts), dict(pending.minutes)
         pending.counts.clear()
         pending.minutes.clear()
         pending.flush_queued = False
-    return counts, minutes
+    taken = {}
+    for (prefix, field), count in counts.items():
+        taken.setdefault(prefix, ({}, {}))[0][field] = count
+    for (prefix, minute, decision), count in minutes.items():
+        taken.setdefault(prefix, ({}, {}))[1][(minute, decision)] = count
+    return taken
 
 
 def read():

@@ -17,9 +17,10 @@ GLOB_SPECIALS = frozenset('*?[]\\')
 STATS_LANE = 'stats'
 
 
-def get_tag():
-    """The hash-tagged prefix, `{<prefix>}`. Raises ValueError when the prefix would break the tag."""
-    prefix = settings.CAPACITY_KEY_PREFIX
+def get_tag(prefix=None):
+    """The hash-tagged prefix, `{<prefix>}` (`prefix`: the settings' when None). Raises ValueError when the
+    prefix would break the tag."""
+    prefix = settings.CAPACITY_KEY_PREFIX if prefix is None else prefix
     # An empty tag (`{}`) makes Redis hash the whole key, and a brace inside the prefix ends or shifts the
     # tag: either would scatter one call's lanes over several Cluster slots.
     if not prefix or '{' in prefix or '}' in prefix:
@@ -36,27 +37,29 @@ MAX_REMEMBERED_KEYS = 10_000
 _keys = {}  # (prefix, lane, parts) -> key
 
 
-def lane_key(lane, *parts):
-    """The key of one lane, e.g. lane_key(Lane.USER, 42) == '{ocl:capacity}:user:42'."""
-    remembered = (settings.CAPACITY_KEY_PREFIX, lane, parts)
+def lane_key(lane, *parts, prefix=None):
+    """The key of one lane, e.g. lane_key(Lane.USER, 42) == '{ocl:capacity}:user:42' (`prefix`: the
+    settings' when None)."""
+    prefix = settings.CAPACITY_KEY_PREFIX if prefix is None else prefix
+    remembered = (prefix, lane, parts)
     key = _keys.get(remembered)
     if key is None:
-        key = ':'.join([get_tag(), lane_name(lane), *(str(part) for part in parts)])
+        key = ':'.join([get_tag(prefix), lane_name(lane), *(str(part) for part in parts)])
         if len(_keys) >= MAX_REMEMBERED_KEYS:
             _keys.clear()  # bound the memory; the next calls refill it
         _keys[remembered] = key
     return key
 
 
-def counters_key():
+def counters_key(prefix=None):
     """The hash of cluster-wide event counters (capacity.counters)."""
-    return lane_key(STATS_LANE, 'counters')
+    return lane_key(STATS_LANE, 'counters', prefix=prefix)
 
 
-def decisions_minute_key(minute):
+def decisions_minute_key(minute, prefix=None):
     """The hash of one minute's decisions (capacity.counters: `decision -> count`), `minute` being whole
     minutes since the epoch; it expires an hour after its minute (counters.SERIES_MINUTES)."""
-    return lane_key(STATS_LANE, 'decisions', minute)
+    return lane_key(STATS_LANE, 'decisions', minute, prefix=prefix)
 
 
 def expired_key():

@@ -357,16 +357,17 @@ class Operations:
         """{field: count} of the event counters hash (capacity.counters)."""
         return {text(name): int(value) for name, value in self._command('hgetall', counters_key()).items()}
 
-    def add_counts(self, counts, minutes=None):
+    def add_counts(self, counts, minutes=None, prefix=None):
         """Add each {field: n} to the event counters hash, and each {(minute, decision): n} of `minutes` to
         that minute's hash, which expires DECISION_SERIES_MINUTES after its minute; one pipeline (run on the
-        Redis thread by capacity.counters: it waits for nobody)."""
+        Redis thread by capacity.counters: it waits for nobody). `prefix`: the key prefix they were counted
+        under (the settings' when None)."""
         pipe = self.runner.client.pipeline(transaction=False)
-        key = counters_key()
+        key = counters_key(prefix)
         for name, count in counts.items():
             pipe.hincrby(key, name, count)
         for (minute, decision), count in (minutes or {}).items():
-            minute_key = decisions_minute_key(minute)
+            minute_key = decisions_minute_key(minute, prefix)
             pipe.hincrby(minute_key, decision, count)
             # Gone an hour after its minute, whenever this ran (EXPIREAT is absolute).
             pipe.expireat(minute_key, (int(minute) + DECISION_SERIES_MINUTES + 1) * 60)

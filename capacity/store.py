@@ -245,16 +245,16 @@ class LaneStore:
 
     @verb('counters')
     def add_counts_later(self, take):
-        """Queue one job on the Redis thread that adds what `take()` returns when it runs (`({field: n},
-        {(minute, decision): n})`) to the event counters and the decisions per minute; True when queued.
-        Never waits: a call's counters never cost it anything."""
+        """Queue one job on the Redis thread that adds what `take()` returns when it runs (`{key prefix:
+        ({field: n}, {(minute, decision): n})}`) to the event counters and the decisions per minute of each
+        prefix; True when queued. Never waits: a call's counters never cost it anything."""
         self.runner.thread.submit(self._add_counts, take)
         return True
 
     def _add_counts(self, take):
-        counts, minutes = take()
-        if counts or minutes:
-            self.ops.add_counts(counts, minutes)
+        for prefix, (counts, minutes) in take().items():
+            if counts or minutes:
+                self.ops.add_counts(counts, minutes, prefix)
 
     @verb('counters read')
     def decision_counts(self, minutes):

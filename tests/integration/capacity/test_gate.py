@@ -432,3 +432,20 @@ def test_counters_made_within_the_gathering_time_reach_redis_together_once_it_pa
         values = counters.read()
     assert values.get(field) == 20 and len(jobs) == 1
     assert time_module.monotonic() - started >= 0.3
+
+
+def test_counters_go_under_the_key_prefix_they_were_counted_under_even_when_sent_after_it_changed(
+        lanes, settings, key_prefix):
+    import time as time_module
+
+    from capacity import counters
+    from capacity.keys import counters_key
+    settings.CAPACITY_COUNTERS_GATHER_SECONDS = 0.2  # sent by the timer, after the prefix below changed
+    field = 'served|es2_knn|run'
+    counters.increment(('served', 'es2_knn', 'run'))
+    settings.CAPACITY_KEY_PREFIX = f'{key_prefix}:later'
+    deadline = time_module.monotonic() + 5
+    while not lanes.hget(counters_key(key_prefix), field) and time_module.monotonic() < deadline:
+        time_module.sleep(0.01)
+    assert int(lanes.hget(counters_key(key_prefix), field)) == 1
+    assert not lanes.exists(counters_key(f'{key_prefix}:later'))
