@@ -29,6 +29,7 @@ from capacity.constants import (
 from capacity.defaults import DEFAULTS, Config
 from capacity.logs import emit
 from capacity.models import CapacityConfig
+from common.database import locked_with_connection
 from common.process import PerProcess
 
 logger = logging.getLogger('heavy_lanes')
@@ -250,7 +251,7 @@ def get_config():
     config, expires_at = _cache
     if config is not None and started < expires_at:
         return config
-    with _cache_lock.get():
+    with locked_with_connection(_cache_lock.get()):  # a connection first: see common.database
         config, expires_at = _cache
         if config is not None and started < expires_at:  # another thread refreshed it while we waited
             return config

@@ -1,4 +1,7 @@
-"""What counts as "the database can't serve now", for the API's 503 and the worker's retry."""
+"""What counts as "the database can't serve now", for the API's 503 and the worker's retry; the order in which
+a thread takes a lock and a database connection."""
+from contextlib import contextmanager
+
 from django.db import InterfaceError, InternalError, OperationalError
 
 # SQLite's "database or disk is full" and "attempt to write a readonly database" are OperationalError;
@@ -48,3 +51,23 @@ def forget_inherited_connections():
         conn.connection = None
         conn.in_atomic_block = conn.needs_rollback = conn.closed_in_transaction = conn.errors_occurred = False
         conn.savepoint_ids = []
+
+
+@contextmanager
+def locked_with_connection(lock):
+    """Hold `lock` for a block that may use the database, this thread's connection taken first.
+
+    Always a connection, then the lock: never the other way round. An API process borrows its connections
+    from a pool (DATABASE_POOL_SIZE), and a request thread keeps the one it borrowed until its request
+    ends. A thread that took a lock first and then waited for a connection, while the threads holding
+    every connection of the pool waited for that lock, stopped them all for the pool's timeout (20 s), and
+    the request that waited answered 503: seen under a bulk flood, when the config cache expired (capacity
+    config). A connection that can't be had now is left for the block to find out (it fails open, or
+    raises, as it would have)."""
+    from django.db import connection
+    try:
+        connection.ensure_connection()
+    except DATABASE_DOWN:
+        pass
+    with lock:
+        yield

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from rest_framework.exceptions import ValidationError
 
+from common.database import locked_with_connection
 from concepts import ocl
 from concepts.models import Concept
 
@@ -69,7 +70,7 @@ def candidate_sizes(source):
     key = (source.pk, source.checksum)
     sizes = _sizes.get(key)
     if sizes is None:
-        with _sizes_lock:  # a burst of first calls measures once
+        with locked_with_connection(_sizes_lock):  # a burst of first calls measures once
             sizes = _sizes.get(key)
             if sizes is None:
                 sizes = _sizes[key] = _measure(source)

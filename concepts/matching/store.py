@@ -33,6 +33,7 @@ from concepts.errors import ConceptsError
 from concepts.matching.embedders import make_embedder
 from concepts.matching.index import LexicalIndex, SemanticIndex
 from concepts.matching.table import ConceptRow, ConceptTable
+from common.database import locked_with_connection
 from common.process import PerProcess
 from concepts.terminology import concepts_checksum
 
@@ -160,7 +161,9 @@ def _get(directory, kind, build, load):
             _cache.move_to_end(name)
             return _cache[name]
         part_lock = _build_locks.get().setdefault(name, threading.Lock())
-    with part_lock:  # one thread per process builds or loads a part; the others then find it cached
+    # One thread per process builds or loads a part; the others then find it cached. A build reads the
+    # source's concepts: a connection first (common.database).
+    with locked_with_connection(part_lock):
         with _cache_lock.get():
             if name in _cache:
                 return _cache[name]
