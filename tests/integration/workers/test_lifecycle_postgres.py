@@ -89,6 +89,8 @@ def new_work(user, key='k', request_id=''):
     return work, call
 
 
+# The tests below that enqueue take `key_prefix`: the served call's counter goes under their own prefix, not
+# the default one, which nothing would delete from the test Redis.
 @pytest.fixture(params=['one execute', 'orm'])
 def path(request, monkeypatch):
     if request.param == 'orm':
@@ -96,7 +98,8 @@ def path(request, monkeypatch):
     return request.param
 
 
-def test_a_new_work_and_its_call_are_written_with_its_message_or_not_at_all(path, transactional_db, make_user):
+def test_a_new_work_and_its_call_are_written_with_its_message_or_not_at_all(path, transactional_db, make_user,
+                                                                           key_prefix):
     user = make_user()
     work, call = new_work(user)
     with pytest.raises(ConnectionError):
@@ -111,7 +114,7 @@ def test_a_new_work_and_its_call_are_written_with_its_message_or_not_at_all(path
 
 
 def test_a_second_call_with_the_same_key_is_an_integrity_error_and_writes_nothing(path, transactional_db,
-                                                                                 make_user):
+                                                                                 make_user, key_prefix):
     user = make_user()
     first = lifecycle.enqueue(*new_work(user), publish=mock.Mock())
     publish = mock.Mock()
@@ -122,7 +125,8 @@ def test_a_second_call_with_the_same_key_is_an_integrity_error_and_writes_nothin
     assert Call.objects.filter(owner=user, idempotency_key='k').get().pk == first.pk  # the connection works
 
 
-def test_a_value_the_database_cant_store_is_a_data_error_and_writes_nothing(path, transactional_db, make_user):
+def test_a_value_the_database_cant_store_is_a_data_error_and_writes_nothing(path, transactional_db, make_user,
+                                                                           key_prefix):
     user = make_user()
     with pytest.raises(DataError):  # the API's 400
         lifecycle.enqueue(*new_work(user, request_id='r' * 101), publish=mock.Mock())
