@@ -22,10 +22,13 @@ own run p99 (the in-request view's X-Run-Ms; a Heavy Lanes work's started -> fin
 p50s, refusals and handles in `detail`. Targets are checked for Heavy Lanes at the largest N.
 
     .venv/bin/python bench/flood.py [--users 2,8,32] [--seconds 25] [--idle-seconds 15]
-                                    [--worlds in_request,heavy_lanes] [--es2-knn N] [--name flood]
+                                    [--worlds in_request,heavy_lanes] [--es2-knn N] [--rounds 1] [--name flood]
 
 `--es2-knn N` runs Heavy Lanes with that es2_knn limit instead of the default (its bulk pool: N - 1), to
-see how much of a bulk gap is the number of processes; `--name` names the output (bench/out/<name>.json).
+see how much of a bulk gap is the number of processes; `--rounds R` runs the worlds R times, alternating
+(in-request, Heavy Lanes, in-request, ...), checks the targets within each round and counts the rounds that
+met each (the first round's figures stay at the top of the output, every round's under `rounds`); `--name`
+names the output (bench/out/<name>.json).
 """
 import argparse
 import multiprocessing
@@ -38,7 +41,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import requests
-from flood_report import FIG_KEYS, TRICKLES, Phase, detail, figure, targets
+from flood_report import FIG_KEYS, TRICKLES, Phase, detail, figure, targets, tally
 from helpers import distinct, write
 from stack import Stack
 
@@ -323,27 +326,39 @@ def main():
     parser.add_argument('--idle-seconds', type=float, default=15)
     parser.add_argument('--worlds', default='in_request,heavy_lanes')
     parser.add_argument('--es2-knn', type=int, help="Heavy Lanes' es2_knn limit (default: the config's)")
+    parser.add_argument('--rounds', type=int, default=1, help='run the worlds this many times, alternating')
     parser.add_argument('--name', default='flood', help='bench/out/<name>.json')
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error('--rounds must be at least 1')
     print('$', ' '.join([os.path.relpath(sys.executable), *sys.argv]), flush=True)
     users = [int(n) for n in args.users.split(',')]
-    results, details = {}, {}
     lanes = {'es2_knn': args.es2_knn} if args.es2_knn else None
-    for name in args.worlds.split(','):
-        results[name], details[name] = run_world(name, users, args.seconds, args.idle_seconds,
-                                                 None if name == 'in_request' else lanes)
-    met = {}
-    if 'in_request' in results and 'heavy_lanes' in results:
-        met = targets(results['in_request'], results['heavy_lanes'], max(users))
-        for check, line in met.items():
-            print(f"target {check}: {line['value']} vs {line['bound']} -> {'met' if line['met'] else 'NOT met'}")
-    assert all(tuple(fig) == FIG_KEYS for world in results.values() for fig in world.values())
-    write(args.name, {**{name: {str(n): fig for n, fig in figs.items()} for name, figs in results.items()},
-                    'detail': details, 'targets': met,
+    rounds = []
+    for number in range(1, args.rounds + 1):
+        results, details = {}, {}
+        for name in args.worlds.split(','):
+            results[name], details[name] = run_world(name, users, args.seconds, args.idle_seconds,
+                                                     None if name == 'in_request' else lanes)
+        met = {}
+        if 'in_request' in results and 'heavy_lanes' in results:
+            met = targets(results['in_request'], results['heavy_lanes'], max(users))
+            for check, line in met.items():
+                print(f"{f'[round {number}] ' if args.rounds > 1 else ''}target {check}: {line['value']} vs "
+                      f"{line['bound']} -> {'met' if line['met'] else 'NOT met'}", flush=True)
+        assert all(tuple(fig) == FIG_KEYS for world in results.values() for fig in world.values())
+        rounds.append({**{name: {str(n): fig for n, fig in figs.items()} for name, figs in results.items()},
+                       'detail': details, 'targets': met})
+    counted = tally([one['targets'] for one in rounds if one['targets']])
+    if args.rounds > 1:
+        for check, line in counted.items():
+            print(f"target {check}: met in {line['met']} of {line['rounds']} rounds ({line['values']} vs "
+                  f"{line['bounds']})")
+    write(args.name, {**rounds[0], 'rounds': rounds if args.rounds > 1 else [], 'targets_met': counted,
                     'settings': {'bulk_rows': BULK_ROWS, 'in_flight': IN_FLIGHT, 'trickle_seconds': TRICKLE_SECONDS,
                                  'warm_seconds': WARM_SECONDS, 'seconds': args.seconds,
                                  'idle_seconds': args.idle_seconds, 'sync_workers': SYNC_WORKERS,
-                                 'api_workers': API_WORKERS, 'es2_knn': args.es2_knn}})
+                                 'api_workers': API_WORKERS, 'es2_knn': args.es2_knn, 'rounds': args.rounds}})
 
 
 if __name__ == '__main__':

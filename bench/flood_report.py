@@ -4,7 +4,8 @@ A phase of the flood is a fixed time in one world (in-request or Heavy Lanes) wi
 gathered is a `Phase`: the latency of each trickle request (ms), the run time of each single-row call's own
 work (ms), the bulk rows that came back within the phase, and the requests that failed or were refused.
 `figure` makes the FIG the issue asks for from a loaded phase and its world's idle one; `targets` checks the
-Heavy Lanes targets (docs/benchmarks.md) against both worlds' figures.
+Heavy Lanes targets (docs/benchmarks.md) against both worlds' figures; `tally` counts, over rounds of both
+worlds, how many rounds met each target.
 """
 import math
 from dataclasses import dataclass, field
@@ -115,4 +116,19 @@ def targets(in_request, heavy_lanes, users):
     for name, (value, bound, sense) in checks.items():
         met = value is not None and bound is not None and (value <= bound if sense == 'le' else value >= bound)
         out[name] = {'value': value, 'bound': rounded(bound), 'met': met}
+    return out
+
+
+def tally(rounds):
+    """{target: {'met', 'rounds', 'values', 'bounds'}} over `rounds`, each a `targets` result of one round of
+    both worlds: how often each target held, and its value and bound in each round. On a shared machine one
+    round's verdict is a draw from a wide spread (docs/benchmarks.md); the count is what to read."""
+    out = {}
+    for checks in rounds:
+        for name, check in checks.items():
+            line = out.setdefault(name, {'met': 0, 'rounds': 0, 'values': [], 'bounds': []})
+            line['met'] += bool(check['met'])
+            line['rounds'] += 1
+            line['values'].append(check['value'])
+            line['bounds'].append(check['bound'])
     return out

@@ -1,7 +1,7 @@
 """The flood benchmark's figures and targets (bench/flood_report.py): pure shaping of its samples."""
 import pytest
 
-from bench.flood_report import FIG_KEYS, Phase, detail, figure, percentile, targets
+from bench.flood_report import FIG_KEYS, Phase, detail, figure, percentile, tally, targets
 
 
 @pytest.mark.parametrize(('values', 'q', 'expected'), [
@@ -62,3 +62,16 @@ def test_a_target_over_its_bound_or_without_samples_is_not_met():
     heavy = {32: fig(lexical=31, single=201, healthz=None, rows=179.9, errors=1)}
     met = targets({2: fig(rows=200.0)}, heavy, 32)
     assert not any(line['met'] for line in met.values())
+
+
+def test_the_tally_counts_the_rounds_that_met_each_target_with_each_rounds_value():
+    rounds = [
+        {'bulk': {'value': 467.2, 'bound': 493.9, 'met': False}, 'errors': {'value': 0, 'bound': 0, 'met': True}},
+        {'bulk': {'value': 512.8, 'bound': 480.0, 'met': True}, 'errors': {'value': 0, 'bound': 0, 'met': True}},
+        {'bulk': {'value': None, 'bound': 490.0, 'met': False}, 'errors': {'value': 2, 'bound': 0, 'met': False}},
+    ]
+    assert tally(rounds) == {
+        'bulk': {'met': 1, 'rounds': 3, 'values': [467.2, 512.8, None], 'bounds': [493.9, 480.0, 490.0]},
+        'errors': {'met': 2, 'rounds': 3, 'values': [0, 0, 2], 'bounds': [0, 0, 0]},
+    }
+    assert tally([]) == {}
