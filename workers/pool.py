@@ -10,6 +10,9 @@ in its main process (started when the worker is ready) that, every WORKERS_RECON
    processes are taken out: `shrink_now`; add_consumer / cancel_consumer) addressed to itself; a share of 0
    (the lane paused, or more nodes than slots) stops consuming the queue, so its calls wait and expire;
 4. publishes what it wants and what it has (share, pool processes, consuming) for /capacity/status/.
+Its first pass waits for the worker's event loop to have turned once (`mailbox_heard`): kombu's Redis
+transport subscribes the node's mailbox in that first turn, after worker_ready, and a command sent to itself
+before then reached nobody.
 
 A hand resize (Flower's pool grow/shrink, `celery control pool_grow`) becomes the lane's limit
 (workers.hand_resize): the reconciler remembers what it asked for (`Sizing`) and, once that landed, takes
@@ -38,6 +41,8 @@ from workers import broker, hand_resize, lanes
 logger = logging.getLogger('heavy_lanes')
 HEARTBEAT_FACTOR = 3  # a node is live while it renewed its heartbeat within 3 reconcile intervals
 PENDING_TICKS = 5     # an own resize that hasn't landed after this many intervals is settled as it is
+MAILBOX_WAIT_SECONDS = 10.0    # the longest the first pass waits for the event loop to turn (mailbox_heard)
+MAILBOX_SETTLE_SECONDS = 0.2   # then this, so Redis has read the mailbox's subscribe before the first command
 
 
 GROW_COMMAND = 'heavy_lanes_pool_grow'
@@ -117,6 +122,21 @@ class Sizing:
 fork_guard = ForkGuard()
 
 
+def mailbox_heard(hub, timeout=MAILBOX_WAIT_SECONDS):
+    """Wait until the worker's event loop (kombu's Hub) has turned once; True if it did within `timeout` s.
+
+    The reconciler resizes its node with control commands sent to itself, and kombu's Redis transport
+    subscribes the node's mailbox (a pub/sub channel) in a tick callback of the loop's first turn, which
+    comes after worker_ready starts the reconciler: a command published before that reaches nobody. The
+    first grow was lost so (seen starting the benchmark stack: a node ready at .739 s asked for its second
+    process at .741 and kept one), and the pool ran at one process until the resize was settled as missed
+    and asked again, PENDING_TICKS intervals later. A callback that schedules itself again runs in the
+    loop's second turn, after the first turn's tick callbacks."""
+    turned = threading.Event()
+    hub.call_soon(lambda: hub.call_soon(turned.set))
+    return turned.wait(timeout)
+
+
 def share_of(total, nodes, me):
     """This node's part of `total` pool slots split over `nodes` (which include `me`)."""
     ordered = sorted(nodes)
@@ -177,6 +197,7 @@ class PoolReconciler(threading.Thread):
         self.stopped = threading.Event()
 
     def run(self):
+        self.await_mailbox()
         while not self.stopped.is_set():
             try:
                 with fork_guard:  # the config may be read from the database: not while the process forks
@@ -185,6 +206,17 @@ class PoolReconciler(threading.Thread):
             except Exception:  # noqa: BLE001 - keep reconciling; the next tick may work
                 logger.exception('Pool reconcile failed on %s', self.hostname)
             self.stopped.wait(self.interval)
+
+    def await_mailbox(self):
+        """Before the first pass: until this node hears its own control commands (`mailbox_heard`)."""
+        hub = getattr(self.consumer, 'hub', None)
+        if hub is None:  # no event loop: the mailbox is consumed as the worker starts
+            return
+        if mailbox_heard(hub):
+            self.stopped.wait(MAILBOX_SETTLE_SECONDS)
+        else:
+            logger.warning('The event loop of %s did not turn within %s s; its pool is sized anyway, and a resize '
+                           'it misses is asked again later', self.hostname, MAILBOX_WAIT_SECONDS)
 
     def stop(self):
         self.stopped.set()
