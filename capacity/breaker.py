@@ -7,6 +7,11 @@ limit. The Prober closes the window instead once Redis answers: one thread per p
 that opened the window and gone when it closes, PINGs Redis every CAPACITY_REDIS_PROBE_SECONDS (each PING
 bounded by the deadline, off the request path). The window's length stays the upper bound.
 
+The probe is also the evidence the window needs when an error may be the process's own (capacity.failopen):
+a busy or starved process misses the deadline with Redis answering fine, so then it PINGs at once and opens
+the window only when that PING gets no answer either. Its PING is read from its socket, so a starved
+process still finds an answer Redis gave.
+
 Written by hand: circuit-breaker libraries (pybreaker, circuitbreaker) count failures of the calls they wrap
 and let a trial call through to find out; here no request may pay for the trial, and the window's rule (a
 limiter failure never refuses) is capacity.store's.
@@ -27,7 +32,8 @@ def probe_seconds():
 
 
 class Prober:
-    """One process's probe of Redis while `store`'s skip window is open (at most one thread at a time)."""
+    """One process's probe of Redis while `store`'s skip window is open, or while an error that may be the
+    process's own slowness waits for its word (at most one thread at a time)."""
 
     def __init__(self, store):
         self.store = store
@@ -41,16 +47,39 @@ class Prober:
         interval = probe_seconds()
         if interval <= 0:
             return
+        self._start(interval, verify=False)
+
+    def verify(self):
+        """Ask Redis now whether it answers, off the caller's path: if it doesn't, open the window (and probe
+        on until it answers); if it does, the window stays shut. Nothing when a probe runs already: its
+        answer is the one this asks for."""
+        self._start(probe_seconds(), verify=True)
+
+    def _start(self, interval, verify):
         with self.lock:
             if self.thread is not None:
                 return
-            self.thread = threading.Thread(target=self.run, args=(interval,), name='heavy-lanes-redis-probe',
+            self.thread = threading.Thread(target=self.run, args=(interval, verify), name='heavy-lanes-redis-probe',
                                            daemon=True)
             self.thread.start()
             self.started += 1
 
-    def run(self, interval):
+    def run(self, interval, verify=False):
         opened = time.monotonic()
+        if verify:
+            self.probes += 1
+            answer = self.store.probe()
+            if answer is True:
+                with self.lock:
+                    self.thread = None
+                return
+            logger.warning('Redis gave the probe no answer (%s): the limiter skips it until it answers',
+                           answer.error)
+            self.store.open_window()
+            if interval <= 0:
+                with self.lock:
+                    self.thread = None
+                return
         while True:
             time.sleep(interval)  # the error that opened the window was just met: look again in a moment
             answered = False

@@ -97,7 +97,7 @@ class DeferredReleases:
             try:
                 self.store.ops.release(keys, token)  # the raw release: this is where a failed one ends up
             except redis.RedisError as ex:
-                self.store.mark_unavailable()
+                self.store.suspect(ex)
                 self._put_back(batch[index:])
                 return f'{type(ex).__name__}: {ex}'
             except Exception:  # noqa: BLE001 - a bad entry must not stop the others

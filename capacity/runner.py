@@ -9,9 +9,18 @@ operation that finds none idle runs on the Redis thread over a new connection, w
 next caller; one that fails on its connection closes it, so the next one connects again on the thread. Up to
 MAX_READY connections per process are kept; beyond that operations run on the thread over the shared pool.
 
+An operation that was sent is waited for until its answer comes or its socket timeout ends it, even past the
+deadline: a process that got no CPU for a while (a busy host, a SIGSTOP) finds the answer Redis gave in its
+socket when it runs again, and that answer counts. The deadline ends only the wait for an operation not yet
+sent (connecting, or queued behind the thread).
+
 Errors are raised, never decided on here (capacity.store applies the fail-open rule):
-- `redis.TimeoutError` when Redis gave no answer within the deadline;
-- `redis.ConnectionError` when the Redis thread's queue is full, or from redis-py;
+- `redis.TimeoutError` when Redis gave no answer to an operation sent (its socket timeout, or the deadline
+  when that is shorter);
+- `Unsent` (a redis.TimeoutError) when the deadline passed before the operation could be sent: Redis may be
+  unreachable (a DNS lookup or a Sentinel that hangs) or this process may just be behind; only the probe can
+  tell (capacity.breaker);
+- `capacity.threads.Busy` (a redis.ConnectionError) when the Redis thread's queue is full;
 - any other `redis.RedisError` from redis-py.
 
 Written by hand: redis-py bounds reads by socket timeouts but not connecting, and has no notion of a caller
@@ -25,7 +34,14 @@ from django.conf import settings
 
 from capacity.threads import RedisThread
 
-MAX_READY = 32  # established connections per process that operations use on their caller's thread
+# Established connections per process that operations use on their caller's thread: more than an API process
+# has threads (API_THREADS, 64 by default), so a burst never queues its operations behind the one Redis thread
+# (with 32, a flood of 64 threads per process queued half of them there past the deadline). Connections are
+# made only as threads need them at once, so this is a ceiling, not a cost.
+MAX_READY = 256
+# How long a caller waits on for an operation that was sent, past the deadline, when its process is starved:
+# the operation's own socket timeout ends it far sooner on a process that runs; this only bounds a bug.
+SENT_WAIT_SECONDS = 30
 
 
 class Sending:
@@ -46,9 +62,20 @@ class Sending:
             return True
 
     def abandon(self):
+        """Give up on the operation unless it was sent; True when it will never be sent."""
         with self.lock:
             if not self.sent:
                 self.abandoned = True
+            return self.abandoned
+
+
+class Unsent(redis.TimeoutError):
+    """The deadline passed before the operation was sent: nothing reached Redis, and nothing says whether
+    Redis or this process was slow."""
+
+
+def unsent_error(deadline):
+    return Unsent(f'no answer from Redis within {deadline} s')
 
 
 def deadline_error(deadline):
@@ -88,8 +115,9 @@ class Runner:
                 thread = self._thread
         return thread
 
-    def call(self, op, *args):
-        """Run `op(*args)` on the Redis thread and wait at most the deadline for its answer.
+    def call(self, op, *args, sending=None):
+        """Run `op(*args)` on the Redis thread and wait at most the deadline for its answer, or, with
+        `sending` (the op's Sending), until the op ends once it was sent.
 
         Socket timeouts don't bound a DNS lookup or a walk through the Sentinels; this does. On timeout a job
         still queued is cancelled (the thread skips it); one already running finishes unobserved.
@@ -100,17 +128,28 @@ class Runner:
             return job.result(timeout=deadline)
         except TimeoutError:
             # result() raises the builtin TimeoutError both at its deadline and when the op itself raised
-            # one (socket.timeout is one); a job that is done tells them apart. cancel() is True for a
-            # job still queued; False for one running, or one that finished just now, whose answer is
-            # then used rather than thrown away.
-            if not job.done() and (job.cancel() or not job.done()):
+            # one (socket.timeout is one); a job that is done tells them apart.
+            if job.done():
+                return job.result()
+        if sending is not None and not sending.abandon():
+            # Sent: Redis has it, and its answer (or the op's socket timeout) ends the op; a process that
+            # got no CPU past the deadline reads an answer that waited in its socket.
+            try:
+                return job.result(timeout=SENT_WAIT_SECONDS)
+            except TimeoutError:
+                if job.done():
+                    return job.result()
                 raise deadline_error(deadline) from None
-            return job.result()
+        # cancel() is True for a job still queued; False for one running, or one that finished just now,
+        # whose answer is then used rather than thrown away.
+        if job.cancel() or not job.done():
+            raise unsent_error(deadline) if sending is not None else deadline_error(deadline)
+        return job.result()
 
     def operate(self, op, *args):
         """Run `op(client, *args)`: on this thread over an established connection when one is idle, else on
-        the Redis thread over a new one (see the module docstring). Either way it costs at most the
-        deadline."""
+        the Redis thread over a new one (see the module docstring). Either way it waits at most the
+        deadline to be sent."""
         try:
             client = self._ready.pop()
         except IndexError:
@@ -141,12 +180,14 @@ class Runner:
         sending = Sending()
         started = time.monotonic()
         try:
-            value, client = self.call(self._connect_and_run, op, args, sending)
+            value, client = self.call(self._connect_and_run, op, args, sending, sending=sending)
         except redis.RedisError as ex:
             sending.abandon()  # a connection made after this never sends the operation
             deadline = settings.CAPACITY_REDIS_DEADLINE_SECONDS
             if time.monotonic() - started < deadline - 0.02 or str(ex).startswith('no answer from Redis'):
                 raise
+            if not sending.sent:
+                raise unsent_error(deadline) from ex
             # Connecting met a socket timeout equal to the deadline (the handshake, a Sentinel's answer): to
             # the caller it is the deadline, whichever of the two came first.
             raise deadline_error(deadline) from ex

@@ -8,7 +8,8 @@
 Every verb follows one rule, applied here once (`verb`), never at its call sites:
 1. while the skip window is open (a Redis error met lately: `mark_unavailable`), send nothing;
 2. on an error, record it (logged once, with the verb's name: capacity.failopen) and open the skip window
-   when it was Redis's;
+   when it shows Redis can't serve, or when the probe then finds no answer (an error that may be this
+   process's own slowness);
 3. return the declared default instead of raising: `Unknown(error)`, which is falsy and says why
    (`skipped` when it was the window). A bug in the call itself (`BadCall`) is raised, never hidden.
 A verb that leaves something behind when its outcome is unknown undoes it the same way every time: an
@@ -53,12 +54,15 @@ from capacity import failopen
 from capacity.breaker import Prober
 from capacity.operations import BadCall, Operations
 from capacity.releases import DeferredReleases
-from capacity.runner import Runner
+from capacity.runner import Runner, Unsent
+from capacity.threads import Busy
 from common import connections
 from common.process import PerProcess
 
 # Errors after which Redis may still have run what was sent (it sits in Redis's input buffer).
 UNKNOWN_OUTCOME = (redis.TimeoutError, redis.ConnectionError)
+# Errors that a busy or starved process meets with Redis answering fine: only the probe may open the window.
+AMBIGUOUS = (Unsent, Busy)
 
 
 @dataclass(frozen=True)
@@ -139,11 +143,24 @@ class LaneStore:
     def is_available(self):
         return time.monotonic() >= self.unavailable_until
 
+    def suspect(self, ex):
+        """After the Redis error `ex`: open the skip window when it shows Redis can't serve; when it may be
+        this process's own slowness (Unsent, Busy), ask the probe, which opens it only if Redis doesn't
+        answer either (capacity.failopen)."""
+        if isinstance(ex, AMBIGUOUS):
+            self.prober.verify()
+        else:
+            self.mark_unavailable()
+
     def mark_unavailable(self):
         """Skip Redis for at most CAPACITY_REDIS_RETRY_SECONDS, so an outage costs each process one slow call:
         the window closes sooner, once a probe off the request path sees Redis answer (capacity.breaker)."""
-        self.unavailable_until = time.monotonic() + settings.CAPACITY_REDIS_RETRY_SECONDS
+        self.open_window()
         self.prober.start()
+
+    def open_window(self):
+        """Skip Redis for at most CAPACITY_REDIS_RETRY_SECONDS (the probe that opens it goes on itself)."""
+        self.unavailable_until = time.monotonic() + settings.CAPACITY_REDIS_RETRY_SECONDS
 
     # --- lanes
 

@@ -29,6 +29,11 @@ MAX_QUEUED = 64
 QUEUED, RUNNING, FINISHED, CANCELLED = 'queued', 'running', 'finished', 'cancelled'
 
 
+class Busy(redis.ConnectionError):
+    """The thread's queue is full: this process is behind, which says nothing about Redis (capacity.failopen
+    doesn't open the skip window for it without the probe's word)."""
+
+
 class Job:
     """One operation handed to the Redis thread; whoever takes `claim` first runs it or cancels it."""
 
@@ -94,11 +99,11 @@ class RedisThread:
         self.thread.start()
 
     def submit(self, op, *args):
-        """Queue `op(*args)`; return its Job. Raises redis.ConnectionError at once when the queue is full."""
+        """Queue `op(*args)`; return its Job. Raises Busy (a redis.ConnectionError) at once when the queue is full."""
         # Two callers may both see one place left and both queue: the bound is kept to within the number of
         # threads of a process, which is what "short" needs.
         if self.jobs.qsize() >= self.max_queued:
-            raise redis.ConnectionError(self.busy)
+            raise Busy(self.busy)
         job = Job(op, args)
         self.jobs.put(job)
         return job

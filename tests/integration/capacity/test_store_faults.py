@@ -3,6 +3,7 @@ a port nobody listens on. A call through the LaneStore must cost at most the dea
 """
 import threading
 import time
+from unittest import mock
 
 import pytest
 import redis
@@ -131,10 +132,11 @@ def test_after_a_redis_restart_the_scripts_are_loaded_again(own_redis, lanes_at,
     assert client.script_exists(get_store().ops.script('acquire').sha)[0]
 
 
-def test_a_dns_lookup_that_never_returns_costs_the_deadline_once_per_skip_window(
+def test_a_dns_lookup_that_never_returns_costs_the_deadline_until_the_probe_finds_no_answer(
         lanes_at, deadline, settings, monkeypatch, make_user, db):
     """Connecting is what no socket timeout bounds: a name lookup that hangs (here: getaddrinfo blocked for
-    one host name) costs the first call the deadline; the skip window spares the next ones."""
+    one host name) costs the first call the deadline. Nothing was sent, which a starved process meets too, so
+    the probe is asked; it gets no answer either and opens the skip window, which spares the next calls."""
     import socket
 
     from capacity import gate
@@ -159,6 +161,8 @@ def test_a_dns_lookup_that_never_returns_costs_the_deadline_once_per_skip_window
         started = time.monotonic()
         first = gate.admit(user, rows=1, semantic=True)
         first_seconds = time.monotonic() - started
+        wait_until(lambda: not get_store().is_available(), timeout=deadline * 2 + SLACK,
+                   message="the probe's verdict")
         started = time.monotonic()
         second = gate.admit(user, rows=1, semantic=True)
         second_seconds = time.monotonic() - started
@@ -166,3 +170,65 @@ def test_a_dns_lookup_that_never_returns_costs_the_deadline_once_per_skip_window
         released.set()
     assert first.decision == Decision.UNAVAILABLE and first_seconds < deadline + SLACK
     assert second.decision == Decision.UNAVAILABLE and second_seconds < 0.05  # skipped: no Redis call
+
+
+def stop_this_process(after, seconds):
+    """SIGSTOP this process `after` s from now for `seconds` s, from a shell of its own (not stopped with it):
+    no thread of this process runs meanwhile, as on a host that gives it no CPU."""
+    import os
+    import subprocess
+    return subprocess.Popen(['sh', '-c', f'sleep {after}; kill -STOP {os.getpid()}; sleep {seconds}; '
+                                         f'kill -CONT {os.getpid()}'])
+
+
+@pytest.mark.parametrize('connection', ['new', 'established'])
+def test_an_answer_that_waited_in_the_socket_while_the_process_got_no_cpu_counts(
+        own_redis, lanes_at, settings, connection):
+    """Redis answers an acquire within 0.4 s, but the process that sent it is stopped from 0.15 s to 1.15 s,
+    past its 0.5 s deadline. When it runs again the answer is in its socket: the lease is taken and counted,
+    the call is not failed open, and the skip window stays shut. `new`: the acquire goes out on the Redis
+    thread over a connection made for it (where the caller used to give up at the deadline); `established`:
+    on the caller's own thread."""
+    settings.CAPACITY_REDIS_DEADLINE_SECONDS = 0.5
+    settings.CAPACITY_REDIS_TIMEOUT_SECONDS = 1.0
+    client = lanes_at(own_redis.port)
+    key = lane_key(Lane.API_HEAVY)
+    store = get_store()
+    if connection == 'established':
+        assert store.acquire([key], [4], 'warm', LEASE_MS, force=False) == Acquired(True, (0,))
+        assert store.runner._ready  # the next operation runs on this thread
+    else:
+        client.ping()  # the pool holds a connection, so what the Redis thread does is send, not connect
+        assert not store.runner._ready
+    pauser = redis.Redis(port=own_redis.port)
+    before = client.zcard(key)
+    pauser.execute_command('CLIENT', 'PAUSE', 400, 'ALL')  # Redis answers 0.4 s from now
+    stopper = stop_this_process(0.15, 1.0)
+    try:
+        started = time.monotonic()
+        acquired = store.acquire([key], [4], 'starved', LEASE_MS, force=False)
+        elapsed = time.monotonic() - started
+    finally:
+        stopper.wait(10)
+        pauser.close()
+    assert elapsed > 1.0  # the process was stopped past its deadline while the call waited
+    assert acquired == Acquired(True, (before,))
+    assert client.zscore(key, 'starved') is not None
+    assert store.is_available() and store.releases.pending() == {}
+
+
+def test_a_deadline_met_before_sending_opens_the_skip_window_only_if_the_probe_gets_no_answer(
+        own_redis, lanes_at, deadline):
+    """An acquire whose deadline passes before it is sent (its process is behind) says nothing about Redis:
+    the probe asks at once, Redis answers it, and the window stays shut; the next call is counted."""
+    from capacity.runner import Unsent
+    lanes_at(own_redis.port)
+    key = lane_key(Lane.API_HEAVY)
+    store = get_store()
+    assert store.acquire([key], [4], 'first', LEASE_MS, force=False) == Acquired(True, (0,))
+    with mock.patch.object(store.ops, 'acquire', side_effect=Unsent('no answer from Redis within 0.2 s')):
+        assert not store.acquire([key], [4], 'behind', LEASE_MS, force=False)
+    wait_until(lambda: store.prober.thread is None and store.prober.probes == 1, timeout=5,
+               message='the probe to answer')
+    assert store.is_available()
+    assert store.acquire([key], [4], 'next', LEASE_MS, force=False) == Acquired(True, (1,))

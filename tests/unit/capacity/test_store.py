@@ -13,8 +13,9 @@ import fakeredis
 import pytest
 import redis
 
+from capacity.runner import Unsent
 from capacity.store import LaneStore, get_store, use_store
-from capacity.threads import MAX_QUEUED
+from capacity.threads import MAX_QUEUED, Busy
 
 
 @pytest.fixture(autouse=True)
@@ -227,3 +228,27 @@ def test_a_probe_asks_redis_in_the_skip_window_and_an_answer_closes_it(faked):
     with mock.patch.object(faked.ops, 'ping', side_effect=redis.ConnectionError('gone')):
         answer = faked.probe()
     assert not answer and answer.error == 'ConnectionError: gone'
+
+
+def wait_for_the_probe(store, timeout=5):
+    deadline = time.monotonic() + timeout
+    while store.prober.thread is not None:
+        assert time.monotonic() < deadline, 'the probe did not end'
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize('error', [
+    Unsent('no answer from Redis within 1.0 s'),  # the deadline passed before it was sent: a process behind
+    Busy('the capacity Redis thread is busy'),     # its own Redis thread's queue was full
+])
+def test_an_error_a_busy_process_meets_opens_the_window_only_if_the_probe_gets_no_answer(faked, error):
+    with mock.patch.object(faked.ops, 'count', side_effect=error):
+        assert not faked.count(['k'])
+    wait_for_the_probe(faked)
+    assert faked.is_available() and faked.prober.probes == 1  # Redis answered the probe
+
+    with mock.patch.object(faked.ops, 'count', side_effect=error), \
+            mock.patch.object(faked.ops, 'ping', side_effect=redis.TimeoutError('Timeout reading from socket')):
+        assert not faked.count(['k'])
+        wait_for_the_probe(faked)
+    assert not faked.is_available() and faked.prober.probes == 2  # it didn't: Redis is skipped
