@@ -35,10 +35,11 @@ duplicate); 12 % SIGKILL of the pool process running a call; 17 % SIGSTOP of bot
 30 % the broker stopped 2 s; 37 % the broker stopped while a running call ends, until its worker logs
 "Couldn't ack" (a dropped ack); 46 % the lanes Redis stopped 5 s; 55 % FLUSHDB of the broker while calls
 wait on its lists; 62 % the database read-only for 4 s (bench/soak_faults.read_only_database); 70 % both
-redis-servers stopped 20 s. A fail-open window is [SIGSTOP - 0.2 s, SIGCONT + CAPACITY_REDIS_RETRY_SECONDS
-+ 2 s] of each stall of the lanes Redis. The bound on a submission during a stall is docs/api.md's:
-CAPACITY_REDIS_DEADLINE_SECONDS + CELERY_PUBLISH_DEADLINE_SECONDS + the cache's timeout (1 s), plus 1.5 s
-for a loaded 2-core machine (as the fault tests allow).
+redis-servers stopped 20 s; 90 % every API process stopped 1.5 s with Redis up (a starved host: no call
+may go ahead `unavailable` outside the lanes Redis's fail-open windows). A fail-open window is [SIGSTOP - 0.2
+s, SIGCONT + CAPACITY_REDIS_RETRY_SECONDS + 2 s] of each stall of the lanes Redis. The bound on a submission
+during a stall is docs/api.md's: CAPACITY_REDIS_DEADLINE_SECONDS + CELERY_PUBLISH_DEADLINE_SECONDS + the
+cache's timeout (1 s), plus 1.5 s for a loaded 2-core machine (as the fault tests allow).
 
 The sampler (bench/soak_sampler.py) reads every lane's unexpired leases every 50 ms, skipping stalls of
 the lanes Redis. After the load: drain (no message on the broker, no call queued or running), wait
@@ -78,6 +79,7 @@ LATE_SECONDS = 3 * SWEEP_SECONDS  # a queued call this long past its deadline is
 WINDOW_MARGIN = 2.0
 STALLS = ((0.17, 0.5, ('lanes', 'broker')), (0.30, 2.0, ('broker',)), (0.46, 5.0, ('lanes',)),
           (0.70, 20.0, ('lanes', 'broker')))  # (fraction of --seconds, seconds, which redis-servers)
+API_STARVED = (0.9, 1.5)  # (fraction of --seconds, seconds): every API process stopped, Redis up
 BULK_QUEUES = tuple(queue.name for queue in QUEUES if not queue.single_row)  # a node kill prefers these
 SETTINGS = {'CAPACITY_REDIS_DEADLINE_SECONDS': DEADLINE_SECONDS, 'CAPACITY_REDIS_RETRY_SECONDS': RETRY_SECONDS,
             'CELERY_VISIBILITY_TIMEOUT': VISIBILITY_SECONDS, 'WORKERS_SWEEP_SECONDS': SWEEP_SECONDS,
@@ -348,6 +350,11 @@ def run(args, broker, broker_url):
 
         redis_stall(*STALLS[3])
 
+        # Every API process stopped past the limiter's deadline with Redis answering: a starved host.
+        at(API_STARVED[0])
+        faults['api_starved'] = starve_apis(stack, API_STARVED[1], rel)
+        say('api_starved')
+
         at(0.95)
         deadline = time.monotonic() + 60  # the races go on past the load until there were MIN_RACES of them
         while sum(len(race.races) for race in races) < MIN_RACES and time.monotonic() < deadline:
@@ -379,6 +386,31 @@ def run(args, broker, broker_url):
                       broker_client=broker_client, load_done=load_done, drained=drained, drained_t=drained_t,
                       leases_left=leases_left, members_left=members_left, probes=probes, settings=SETTINGS,
                       lease_seconds=LEASE_SECONDS, late_seconds=LATE_SECONDS, retry_seconds=RETRY_SECONDS)
+
+
+def api_processes(stack):
+    """The pids of every API server's gunicorn worker processes (the children of each master)."""
+    pids = []
+    for name, child in stack.children.items():
+        if name == 'api' or name.startswith('api-'):
+            with open(f'/proc/{child.pid}/task/{child.pid}/children') as listing:
+                pids += [int(pid) for pid in listing.read().split()]
+    return pids
+
+
+def starve_apis(stack, seconds, rel):
+    """SIGSTOP every API process for `seconds` (longer than the limiter's deadline) while Redis answers, as a
+    host that gives them no CPU; the calls they had sent must find Redis's answers and count."""
+    pids = api_processes(stack)
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        time.sleep(seconds)
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    return {'t': rel(stopped), 'seconds': seconds, 'processes': len(pids)}
 
 
 def lanes_with_lost_acks(stack):
