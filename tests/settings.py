@@ -70,7 +70,7 @@ CAPACITY_COUNTERS_GATHER_SECONDS = float(os.environ.get('CAPACITY_COUNTERS_GATHE
 # (tests/acceptance/test_make_run_pages.py).
 STORAGES = {**STORAGES, 'staticfiles': {  # noqa: F405 - from api.settings
     'BACKEND': 'django.contrib.staticfiles.storage.StaticFilesStorage'}}
-STATIC_ROOT.mkdir(exist_ok=True)  # noqa: F405 - WhiteNoise warns about a STATIC_ROOT that isn't there
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # noqa: F405 - WhiteNoise warns about a STATIC_ROOT that isn't there
 
 CACHES = {'default': {'BACKEND': 'django.core.cache.backends.locmem.LocMemCache'}}
 PASSWORD_HASHERS = ['django.contrib.auth.hashers.MD5PasswordHasher']
