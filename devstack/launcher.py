@@ -25,7 +25,8 @@ process left in a child's group after its leader exited is killed too. If a chil
 launcher prints the end of its log, stops the rest and exits 1.
 
 Files in VAR_DIR: run.lock (one launcher per VAR_DIR), run.json (the launcher's and children's pids and
-process groups while it runs), demo-tokens.json, flower-credentials.json, log/, redis/, static/.
+process groups while it runs), demo-tokens.json, flower-credentials.json, log/, redis/, static/ (and
+static-sources.sha256, what it was collected from).
 """
 import os
 import signal
