@@ -12,6 +12,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import dj_database_url
+from whitenoise.compress import Compressor
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get('HEAVY_LANES_VAR_DIR', BASE_DIR / 'var'))
@@ -70,6 +71,9 @@ MIDDLEWARE = [
     'api.middleware.RequestSizeLimit',
     'corsheaders.middleware.CorsMiddleware',
     'django.middleware.security.SecurityMiddleware',
+    # Static files (the admin's, the lanes page's, Swagger UI's) from STATIC_ROOT, before anything else reads
+    # the request: no separate web server needed, under `make run` as in production.
+    'whitenoise.middleware.WhiteNoiseMiddleware',
     'django.contrib.sessions.middleware.SessionMiddleware',
     'django.middleware.common.CommonMiddleware',
     'django.middleware.csrf.CsrfViewMiddleware',
@@ -140,8 +144,19 @@ LANGUAGE_CODE = 'en-us'
 TIME_ZONE = 'UTC'
 USE_I18N = False
 USE_TZ = True
+# Static files are served by the API itself (WhiteNoise, in MIDDLEWARE) from what `collectstatic` gathered into
+# STATIC_ROOT: the image collects them when it is built, `make run` before it starts the API. Each file's name
+# carries a hash of its content (so it is cached for a year) and a gzip copy sits beside it. With DEBUG on they
+# are served from the apps' folders as they are.
 STATIC_URL = 'static/'
-STATIC_ROOT = VAR_DIR / 'static'
+STATIC_ROOT = Path(os.environ.get('STATIC_ROOT') or VAR_DIR / 'static')
+STORAGES = {
+    'default': {'BACKEND': 'django.core.files.storage.FileSystemStorage'},
+    'staticfiles': {'BACKEND': 'whitenoise.storage.CompressedManifestStaticFilesStorage'},
+}
+# Source maps (14 of Swagger UI's and ReDoc's 24 MB) are read only by a browser's developer tools: gzipping them
+# doubled collectstatic's time (about 4 s against 8-11 s on 2 cores) for no page.
+WHITENOISE_SKIP_COMPRESS_EXTENSIONS = [*Compressor.SKIP_COMPRESS_EXTENSIONS, 'map']
 
 REST_FRAMEWORK = {
     'DEFAULT_AUTHENTICATION_CLASSES': ['api.authentication.KeptTokenAuthentication'],

@@ -1,7 +1,6 @@
 """Root URLs: the public HTTP contract (docs/api.md, and the OpenAPI schema at /schema/)."""
 from django.conf import settings
 from django.contrib import admin
-from django.contrib.staticfiles.urls import staticfiles_urlpatterns
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
@@ -26,9 +25,8 @@ urlpatterns = [
 admin.site.site_header = admin.site.site_title = 'Heavy Lanes admin'
 admin.site.site_url = '/capacity/dashboard/'  # the admin's "view site": the staff lanes page
 
-# Static files (the admin's, the lanes page's, the API page's) from the apps' folders, under DEBUG only (make
-# run); in production the proxy serves what collectstatic gathered (docs/deployment.md).
-urlpatterns += staticfiles_urlpatterns()
+# Static files (the admin's, the lanes page's, the API page's) are served before any URL is looked at, by
+# WhiteNoise's middleware (api/settings.py).
 
 # Benchmark floors (api/bench_views.py): only with HEAVY_LANES_BENCH_VIEWS, which production never has.
 urlpatterns += [path('bench/', include('api.bench_views'))] if settings.HEAVY_LANES_BENCH_VIEWS else []

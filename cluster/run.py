@@ -52,6 +52,7 @@ def prepare(cluster):
     from concepts.models import Source
     from concepts.services import embedder_name
     call_command('migrate', '--noinput', verbosity=0)
+    call_command('collectstatic', '--noinput', verbosity=0)  # as the image does when it is built
     call_command('load_terminology', 'tiny', verbosity=0)
     for source in Source.objects.all():
         store.build_missing(source, embedder_name())

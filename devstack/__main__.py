@@ -11,7 +11,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog='python -m devstack', description=launcher.__doc__.split('\n\n')[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--prepare', action='store_true',
-                        help='only migrate, load the terminology and create the demo users, then exit')
+                        help='only migrate, load the terminology, create the demo users and collect the static '
+                             'files, then exit')
     parser.add_argument('--build-indexes', action='store_true',
                         help='only build (or load) the match indexes of the loaded sources, then exit')
     args = parser.parse_args(argv)

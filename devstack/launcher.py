@@ -6,7 +6,8 @@
    installed, else the embedded fakeredis server (devstack.embedded_redis). HEAVY_LANES_RUN_REDIS=server or
    =embedded picks one. REDIS_URL and CELERY_BROKER_URL (unless set) are exported to every child.
 2. Prepares the database in a child process (`python -m devstack --prepare`): migrate, `load_terminology
-   hpo`, `create_demo_users`. Each step is idempotent and quick the second time.
+   hpo`, `create_demo_users`, and `collectstatic` into VAR_DIR/static/ (the API serves only what it
+   gathered). Each step is idempotent and quick the second time.
 3. Starts, at once: a one-shot child that builds the match indexes into VAR_DIR/indexes/ (once; later runs
    only check them), the API (gunicorn api.wsgi, api/gunicorn_config.py's 2 gthread processes,
    127.0.0.1:$PORT), Celery beat and the maintenance worker that runs the sweep and retention it sends,
@@ -24,7 +25,8 @@ process left in a child's group after its leader exited is killed too. If a chil
 launcher prints the end of its log, stops the rest and exits 1.
 
 Files in VAR_DIR: run.lock (one launcher per VAR_DIR), run.json (the launcher's and children's pids and
-process groups while it runs), demo-tokens.json, flower-credentials.json, log/, redis/.
+process groups while it runs), demo-tokens.json, flower-credentials.json, log/, redis/, static/ (and
+static-sources.sha256, what it was collected from).
 """
 import os
 import signal
@@ -228,8 +230,8 @@ class Launcher:
 
     def prepare(self):
         started = time.monotonic()
-        self.say(f'Preparing the database: migrate, load_terminology {TERMINOLOGY}, create_demo_users '
-                 f'(log: {self.logs / "setup.log"})')
+        self.say(f'Preparing the database: migrate, load_terminology {TERMINOLOGY}, create_demo_users, '
+                 f'collectstatic (log: {self.logs / "setup.log"})')
         child = self.start(services.prepare_step(self.logs))
         while child.running():
             self.sleep(0.05)

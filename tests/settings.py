@@ -64,5 +64,13 @@ CAPACITY_REDIS_PROBE_SECONDS = float(os.environ.get('CAPACITY_REDIS_PROBE_SECOND
 # store: sent at each increment (capacity.counters; its own test sets a gathering time).
 CAPACITY_COUNTERS_GATHER_SECONDS = float(os.environ.get('CAPACITY_COUNTERS_GATHER_SECONDS', '0'))
 
+# The static files' plain names, from the apps' folders: the live server of the browser tests serves them itself
+# (pytest-django's, as Django's runserver does), and nothing here runs collectstatic. The hashed, compressed files
+# the service serves through WhiteNoise are tested on the stack `make run` starts
+# (tests/acceptance/test_make_run_pages.py).
+STORAGES = {**STORAGES, 'staticfiles': {  # noqa: F405 - from api.settings
+    'BACKEND': 'django.contrib.staticfiles.storage.StaticFilesStorage'}}
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # noqa: F405 - WhiteNoise warns about a STATIC_ROOT that isn't there
+
 CACHES = {'default': {'BACKEND': 'django.core.cache.backends.locmem.LocMemCache'}}
 PASSWORD_HASHERS = ['django.contrib.auth.hashers.MD5PasswordHasher']
