@@ -24,6 +24,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api import errors
+from api.params import whole_param
 from api.schema import ERROR, HEAVY_PARAMETERS, HEAVY_RESPONSES, TASK_SUMMARY
 from api.views import CANCEL_WAIT_SECONDS, HeavyCallView, task_body
 from capacity.caller import RequestFacts
@@ -44,13 +45,9 @@ class CallPages(PageNumberPagination):
     max_page_size = 100
 
     def paginate_queryset(self, queryset, request, view=None):
-        for name, top in (('page', None), ('page_size', self.max_page_size)):
-            raw = request.query_params.get(name)
-            if raw is None:
-                continue
-            if not raw.isdigit() or int(raw) < 1 or (top is not None and int(raw) > top):
-                bound = f' from 1 to {top}' if top else ' of 1 or more'
-                raise errors.exceptions.ValidationError({name: [f'Must be a whole number{bound}.']})
+        # Checked here, in ASCII digits: DRF reads them with int(), which takes '٣' as 3 and fails on '²'.
+        whole_param(request, 'page', low=1)
+        whole_param(request, 'page_size', low=1, high=self.max_page_size)
         try:
             return super().paginate_queryset(queryset, request, view)
         except errors.exceptions.NotFound as ex:

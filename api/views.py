@@ -17,6 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api import errors, prefer
+from api.params import whole_param
 from api.renderers import StreamsStoredResults
 from api.schema import (ERROR, HEAVY_PARAMETERS, HEAVY_RESPONSES, MATCH_ENTRY, NUM_RETURNED, POLL_HINT,
                         RERANKED_ROWS, TASK, response_header)
@@ -337,11 +338,7 @@ class TaskView(StreamsStoredResults, APIView):
                    responses={200: TASK, 404: ERROR})
     def get(self, request, call_id):
         call = self.get_call(request, call_id)
-        try:
-            wait = int(request.query_params.get('wait', 0))
-        except ValueError:
-            raise errors.exceptions.ValidationError({'wait': ['Must be a whole number of seconds.']}) from None
-        wait = max(0, min(wait, get_config().wait.max_seconds, MAX_POLL_SECONDS))
+        wait = min(whole_param(request, 'wait', default=0), get_config().wait.max_seconds, MAX_POLL_SECONDS)
         if wait and not lifecycle.seen(call, call.work).finished:
             with submission.waiting_slot(request.user, wait, RequestFacts.from_meta(request.META), call.endpoint,
                                          call.rows) as allowed:
