@@ -27,12 +27,11 @@ from api import errors
 from api.params import whole_param
 from api.schema import ERROR, HEAVY_PARAMETERS, HEAVY_RESPONSES, TASK_SUMMARY
 from api.views import CANCEL_WAIT_SECONDS, HeavyCallView, task_body
-from capacity.caller import RequestFacts
+from capacity.caller import MAX_RUN_CHARS, RequestFacts
 from capacity.constants import MATCH, RERANK
 from workers import lifecycle, runs
 from workers.models import Call, State
 
-MAX_RUN_CHARS = 20  # what the API keeps of a run id (capacity.caller.RequestFacts)
 ENDPOINTS = (MATCH, RERANK)
 
 
@@ -55,15 +54,16 @@ class CallPages(PageNumberPagination):
 
 
 def run_param(request, required=False):
-    """The `run` query parameter: a client's run id as the API keeps it, or None."""
+    """The `run` query parameter: a client's run id as it sent it (the API keeps it whole), or None."""
     run = request.query_params.get('run')
     if run is None or run == '':
         if required:
             raise errors.exceptions.ValidationError({'run': ['Name the run to cancel: ?run=<automatch_run_id>.']})
         return None
-    if len(run) > MAX_RUN_CHARS:
-        raise errors.exceptions.ValidationError({'run': [f'At most {MAX_RUN_CHARS} characters (a run id is '
-                                                         'kept to its first 20).']})
+    if len(run) > MAX_RUN_CHARS:  # no call has one: its submission was a 400
+        raise errors.exceptions.ValidationError({'run': [f'At most {MAX_RUN_CHARS} characters.']})
+    if '\x00' in run:  # no call has one either (RequestFacts reads it as no run), and no database takes it
+        raise errors.exceptions.ValidationError({'run': ['A run id holds no NUL character.']})
     return run
 
 
@@ -108,7 +108,7 @@ FILTERS = [
                      + ', '.join(State.values) + '.'),
     OpenApiParameter('endpoint', OpenApiTypes.STR, enum=list(ENDPOINTS)),
     OpenApiParameter('run', OpenApiTypes.STR, description='The `automatch_run_id` the calls were sent with '
-                     '(X-OCL-Event-Metadata), at most 20 characters.'),
+                     f'(X-OCL-Event-Metadata), exactly as sent: at most {MAX_RUN_CHARS} characters.'),
     OpenApiParameter('user', OpenApiTypes.STR, description="Staff: one user's calls (a username)."),
     OpenApiParameter('page', OpenApiTypes.INT), OpenApiParameter('page_size', OpenApiTypes.INT,
                                                                  description='1 to 100; 20 by default.'),

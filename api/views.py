@@ -23,7 +23,7 @@ from api.schema import (ERROR, HEAVY_PARAMETERS, HEAVY_RESPONSES, MATCH_ENTRY, N
                         RERANKED_ROWS, TASK, response_header)
 from api.throttles import HeavyRateThrottle
 from capacity.admission import headers, quotas, refusal_body
-from capacity.caller import RequestFacts
+from capacity.caller import MAX_RUN_CHARS, RequestFacts, run_id_too_long
 from capacity.config import get_config
 from capacity.constants import MATCH, RERANK
 from common import ratelimit
@@ -184,6 +184,9 @@ class HeavyCallView(StreamsStoredResults, APIView):
         """Serve one heavy call, step by step in the order the limits apply (workers.submission). `facts`:
         what the request's headers say (RequestFacts), when the view read them already."""
         config = get_config()
+        if run_id_too_long(request.META):  # kept whole, or refused: a run id cut short finds other runs
+            raise errors.exceptions.ValidationError({'automatch_run_id': [
+                f'At most {MAX_RUN_CHARS} characters (X-OCL-Event-Metadata).']})
         facts = facts or RequestFacts.from_meta(request.META)
         preferences = prefer.parse(request.headers.get('Prefer'))
         wait = preferences.seconds(config.wait.default_seconds, config.wait.max_seconds)

@@ -2,6 +2,7 @@
 once) and POST /tasks/<id>/retry/ (a failed call sent again), over HTTP against the real Redis broker and
 lanes, with real worker processes where calls must run."""
 import json
+from urllib.parse import urlencode
 
 import pytest
 
@@ -92,7 +93,8 @@ def test_the_list_shows_the_callers_calls_newest_first_filtered_and_in_pages(
     bad(client.get('/tasks/?state=done'), 'state')
     bad(client.get('/tasks/?state=queued,,bogus'), 'state')
     bad(client.get('/tasks/?endpoint=$lookup'), 'endpoint')
-    bad(client.get('/tasks/?run=' + 'r' * 21), 'run')
+    bad(client.get('/tasks/?run=' + 'r' * 256), 'run')
+    bad(client.get('/tasks/?run=a%00b'), 'run')
     bad(client.get('/tasks/?page=0'), 'page')
     bad(client.get('/tasks/?page=9'), 'page')
     bad(client.get('/tasks/?page_size=101'), 'page_size')
@@ -101,6 +103,36 @@ def test_the_list_shows_the_callers_calls_newest_first_filtered_and_in_pages(
     assert api_as(make_user()).get('/tasks/').json()['count'] == 0
     from rest_framework.test import APIClient
     assert APIClient().get('/tasks/').status_code == 401
+
+
+def test_a_long_run_id_finds_and_cancels_exactly_the_calls_sent_with_it(
+        broker, lanes_redis, tiny_source, make_user, api_as, configure):
+    configure(es2_knn=1)  # es2_knn paused: every $match waits in its queue
+    client = api_as(make_user())
+    run = 'mapper-2026-12-05T08:39:21.512Z-7f3a'  # OCL's Mapper's ids are longer than 20 characters
+    sibling = run[:20] + '-other-run'           # another run, the same first 20 characters
+    mine = [match(client, tiny_source, run=run) for _ in range(2)]
+    theirs = match(client, tiny_source, run=sibling)
+    short = match(client, tiny_source, run=run[:20])
+    longest = match(client, tiny_source, run='r' * 255)
+
+    assert ids(client.get('/tasks/', {'run': run})) == list(reversed(mine))
+    assert ids(client.get('/tasks/', {'run': sibling})) == [theirs]
+    assert ids(client.get('/tasks/', {'run': run[:20]})) == [short]
+    assert ids(client.get('/tasks/', {'run': 'r' * 255})) == [longest]
+    assert Call.objects.get(pk=mine[0]).run_id == run
+
+    response = client.delete('/tasks/?' + urlencode({'run': run}))
+    assert response.status_code == 200 and response.json() == {'cancelled': 2}
+    assert [client.get(f'/tasks/{call_id}/').json()['state'] for call_id in (*mine, theirs, short)] == [
+        'cancelled', 'cancelled', 'queued', 'queued']
+
+    # A longer id than the API keeps is refused where it is sent, naming it, before anything is counted.
+    refused = client.post('/concepts/$match/?semantic=true',
+                          {'rows': distinct(ROWS), 'target_repo_url': tiny_source}, format='json',
+                          HTTP_PREFER='respond-async', **run_header('r' * 256))
+    bad(refused, 'automatch_run_id')
+    assert Call.objects.count() == 5
 
 
 @pytest.mark.slow
