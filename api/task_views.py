@@ -29,7 +29,7 @@ from api.schema import ERROR, HEAVY_PARAMETERS, HEAVY_RESPONSES, TASK_SUMMARY
 from api.views import CANCEL_WAIT_SECONDS, HeavyCallView, task_body
 from capacity.caller import MAX_RUN_CHARS, RequestFacts
 from capacity.constants import MATCH, RERANK
-from workers import lifecycle, runs
+from workers import idempotency, lifecycle, runs
 from workers.models import Call, State
 
 ENDPOINTS = (MATCH, RERANK)
@@ -172,5 +172,11 @@ class RetryView(HeavyCallView):
         facts = RequestFacts.from_meta(request.META)
         if facts.automatch_run_id is None and call.run_id:
             facts = dataclasses.replace(facts, automatch_run_id=call.run_id)  # it stays in its run
+        self.retried = call.pk
         return self.submit(request, work.payload, work.semantic, work.reranker, facts=facts)
+
+    def key_of(self, request):
+        """The request's Idempotency-Key in the retried call's scope (workers.idempotency.retry_key): a retry
+        sent with its original call's key is a new call, and the same retry sent again is that one."""
+        return idempotency.retry_key(self.retried, super().key_of(request))
 

@@ -180,6 +180,10 @@ class HeavyCallView(StreamsStoredResults, APIView):
     def flags(self, request):
         return False, False
 
+    def key_of(self, request):
+        """The Idempotency-Key this call is recorded under: the request's."""
+        return idempotency_key(request)
+
     def submit(self, request, body, semantic, reranker, facts=None):
         """Serve one heavy call, step by step in the order the limits apply (workers.submission). `facts`:
         what the request's headers say (RequestFacts), when the view read them already."""
@@ -191,7 +195,7 @@ class HeavyCallView(StreamsStoredResults, APIView):
         preferences = prefer.parse(request.headers.get('Prefer'))
         wait = preferences.seconds(config.wait.default_seconds, config.wait.max_seconds)
         heavy = submission.prepare(request.user, self.endpoint, body, semantic=semantic, reranker=reranker,
-                                   idempotency_key=idempotency_key(request), waits=wait > 0, facts=facts)
+                                   idempotency_key=self.key_of(request), waits=wait > 0, facts=facts)
         # Watched before its work is published: the end's notice can't come before the watch (workers.notify).
         with lifecycle.watching(heavy.call_id) if wait > 0 else nullcontext() as watch:
             try:

@@ -221,3 +221,32 @@ def test_a_retry_is_refused_by_capacity_as_a_submission_is_and_admitted_once_the
     assert admitted.status_code == 202 and admitted['X-OCL-Capacity-Decision'] == 'admitted'
     assert admitted['Location'] == f'/tasks/{admitted.json()["id"]}/' and 'RateLimit' in admitted
     assert Call.objects.get(pk=admitted.json()['id']).run_id == 'run-x'
+
+
+@pytest.mark.parametrize('key', ['mapper-batch-7', 'k' * 255])
+def test_a_retry_sent_with_its_original_calls_idempotency_key_is_a_new_call_and_its_resend_the_same(
+        key, broker, lanes_redis, tiny_source, make_user, api_as, configure):
+    configure(es2_knn=1)  # es2_knn paused: every $match waits in its queue
+    client = api_as(make_user())
+    body = {'rows': distinct(ROWS), 'target_repo_url': tiny_source}
+
+    def send():
+        return client.post('/concepts/$match/?semantic=true', body, format='json', HTTP_PREFER='respond-async',
+                           HTTP_IDEMPOTENCY_KEY=key)
+
+    original = send().json()['id']
+    assert client.delete(f'/tasks/{original}/').json()['state'] == 'cancelled'
+
+    retried = client.post(f'/tasks/{original}/retry/', HTTP_PREFER='respond-async', HTTP_IDEMPOTENCY_KEY=key)
+    assert retried.status_code == 202, retried.content
+    again = retried.json()['id']
+    assert again != original and retried.json()['state'] == 'queued'
+    assert retried['X-OCL-Capacity-Decision'] == 'shadow-refused'  # sent (es2_knn paused): it took leases
+    assert holds(lanes_redis, again) > 0
+
+    # The same retry sent twice (a lost answer) is one call; the client's own POST sent again is its call.
+    resent = client.post(f'/tasks/{original}/retry/', HTTP_PREFER='respond-async', HTTP_IDEMPOTENCY_KEY=key)
+    assert (resent.status_code, resent.json()['id']) == (202, again)
+    replayed = send()
+    assert (replayed.status_code, replayed.json()['id'], replayed.json()['state']) == (202, original, 'cancelled')
+    assert Call.objects.count() == 2
