@@ -135,6 +135,21 @@ def test_a_long_run_id_finds_and_cancels_exactly_the_calls_sent_with_it(
     assert Call.objects.count() == 5
 
 
+def test_page_links_name_only_a_host_the_service_answers_to(
+        broker, lanes_redis, tiny_source, make_user, api_as, configure, settings):
+    from api.settings import LOOPBACK_HOSTS
+    configure(es2_knn=1)
+    client = api_as(make_user())
+    for _ in range(2):
+        match(client, tiny_source)
+    settings.ALLOWED_HOSTS = LOOPBACK_HOSTS.split(',')  # what make run serves, without the test client's name
+    forged = client.get('/tasks/?page_size=1', HTTP_HOST='evil.example')
+    assert forged.status_code == 400 and forged.json()['error_code'] == 'bad_request'
+    for host in ('127.0.0.1:8000', 'localhost:8000'):
+        page = client.get('/tasks/?page_size=1', HTTP_HOST=host)
+        assert page.status_code == 200 and page.json()['next'] == f'http://{host}/tasks/?page=2&page_size=1'
+
+
 @pytest.mark.slow
 def test_cancelling_a_run_cancels_its_open_calls_only_and_releases_their_leases(
         start_worker, tiny_source, make_user, api_as, lanes_redis, configure):
