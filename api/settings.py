@@ -45,7 +45,11 @@ PRODUCTION = env_bool('HEAVY_LANES_PRODUCTION')
 # (a 249 KB HTML page with the settings and the stack, to any client).
 DEBUG = env_bool('DEBUG')
 SECRET_KEY = os.environ.get('SECRET_KEY') or ('' if PRODUCTION else 'dev-only-not-secret-heavy-lanes')
-ALLOWED_HOSTS = env_list('ALLOWED_HOSTS', '' if PRODUCTION else '*')
+# The Host header names this service in the links it makes (a page's `next`, from the request's host): outside
+# production only the loopback names `make run` listens on are served, as Django itself allows with DEBUG on,
+# so a forged Host is a 400, never a link to another site. Production names its hosts (production_problems).
+LOOPBACK_HOSTS = '.localhost,127.0.0.1,[::1]'
+ALLOWED_HOSTS = env_list('ALLOWED_HOSTS', '' if PRODUCTION else LOOPBACK_HOSTS)
 
 INSTALLED_APPS = [
     'django.contrib.admin',

@@ -24,14 +24,14 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api import errors
+from api.params import whole_param
 from api.schema import ERROR, HEAVY_PARAMETERS, HEAVY_RESPONSES, TASK_SUMMARY
 from api.views import CANCEL_WAIT_SECONDS, HeavyCallView, task_body
-from capacity.caller import RequestFacts
+from capacity.caller import MAX_RUN_CHARS, RequestFacts
 from capacity.constants import MATCH, RERANK
-from workers import lifecycle, runs
+from workers import idempotency, lifecycle, runs
 from workers.models import Call, State
 
-MAX_RUN_CHARS = 20  # what the API keeps of a run id (capacity.caller.RequestFacts)
 ENDPOINTS = (MATCH, RERANK)
 
 
@@ -44,13 +44,9 @@ class CallPages(PageNumberPagination):
     max_page_size = 100
 
     def paginate_queryset(self, queryset, request, view=None):
-        for name, top in (('page', None), ('page_size', self.max_page_size)):
-            raw = request.query_params.get(name)
-            if raw is None:
-                continue
-            if not raw.isdigit() or int(raw) < 1 or (top is not None and int(raw) > top):
-                bound = f' from 1 to {top}' if top else ' of 1 or more'
-                raise errors.exceptions.ValidationError({name: [f'Must be a whole number{bound}.']})
+        # Checked here, in ASCII digits: DRF reads them with int(), which takes '٣' as 3 and fails on '²'.
+        whole_param(request, 'page', low=1)
+        whole_param(request, 'page_size', low=1, high=self.max_page_size)
         try:
             return super().paginate_queryset(queryset, request, view)
         except errors.exceptions.NotFound as ex:
@@ -58,15 +54,16 @@ class CallPages(PageNumberPagination):
 
 
 def run_param(request, required=False):
-    """The `run` query parameter: a client's run id as the API keeps it, or None."""
+    """The `run` query parameter: a client's run id as it sent it (the API keeps it whole), or None."""
     run = request.query_params.get('run')
     if run is None or run == '':
         if required:
             raise errors.exceptions.ValidationError({'run': ['Name the run to cancel: ?run=<automatch_run_id>.']})
         return None
-    if len(run) > MAX_RUN_CHARS:
-        raise errors.exceptions.ValidationError({'run': [f'At most {MAX_RUN_CHARS} characters (a run id is '
-                                                         'kept to its first 20).']})
+    if len(run) > MAX_RUN_CHARS:  # no call has one: its submission was a 400
+        raise errors.exceptions.ValidationError({'run': [f'At most {MAX_RUN_CHARS} characters.']})
+    if '\x00' in run:  # no call has one either (RequestFacts reads it as no run), and no database takes it
+        raise errors.exceptions.ValidationError({'run': ['A run id holds no NUL character.']})
     return run
 
 
@@ -111,7 +108,7 @@ FILTERS = [
                      + ', '.join(State.values) + '.'),
     OpenApiParameter('endpoint', OpenApiTypes.STR, enum=list(ENDPOINTS)),
     OpenApiParameter('run', OpenApiTypes.STR, description='The `automatch_run_id` the calls were sent with '
-                     '(X-OCL-Event-Metadata), at most 20 characters.'),
+                     f'(X-OCL-Event-Metadata), exactly as sent: at most {MAX_RUN_CHARS} characters.'),
     OpenApiParameter('user', OpenApiTypes.STR, description="Staff: one user's calls (a username)."),
     OpenApiParameter('page', OpenApiTypes.INT), OpenApiParameter('page_size', OpenApiTypes.INT,
                                                                  description='1 to 100; 20 by default.'),
@@ -175,5 +172,11 @@ class RetryView(HeavyCallView):
         facts = RequestFacts.from_meta(request.META)
         if facts.automatch_run_id is None and call.run_id:
             facts = dataclasses.replace(facts, automatch_run_id=call.run_id)  # it stays in its run
+        self.retried = call.pk
         return self.submit(request, work.payload, work.semantic, work.reranker, facts=facts)
+
+    def key_of(self, request):
+        """The request's Idempotency-Key in the retried call's scope (workers.idempotency.retry_key): a retry
+        sent with its original call's key is a new call, and the same retry sent again is that one."""
+        return idempotency.retry_key(self.retried, super().key_of(request))
 

@@ -17,12 +17,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api import errors, prefer
+from api.params import whole_param
 from api.renderers import StreamsStoredResults
 from api.schema import (ERROR, HEAVY_PARAMETERS, HEAVY_RESPONSES, MATCH_ENTRY, NUM_RETURNED, POLL_HINT,
                         RERANKED_ROWS, TASK, response_header)
 from api.throttles import HeavyRateThrottle
 from capacity.admission import headers, quotas, refusal_body
-from capacity.caller import RequestFacts
+from capacity.caller import MAX_RUN_CHARS, RequestFacts, run_id_too_long
 from capacity.config import get_config
 from capacity.constants import MATCH, RERANK
 from common import ratelimit
@@ -179,15 +180,22 @@ class HeavyCallView(StreamsStoredResults, APIView):
     def flags(self, request):
         return False, False
 
+    def key_of(self, request):
+        """The Idempotency-Key this call is recorded under: the request's."""
+        return idempotency_key(request)
+
     def submit(self, request, body, semantic, reranker, facts=None):
         """Serve one heavy call, step by step in the order the limits apply (workers.submission). `facts`:
         what the request's headers say (RequestFacts), when the view read them already."""
         config = get_config()
+        if run_id_too_long(request.META):  # kept whole, or refused: a run id cut short finds other runs
+            raise errors.exceptions.ValidationError({'automatch_run_id': [
+                f'At most {MAX_RUN_CHARS} characters (X-OCL-Event-Metadata).']})
         facts = facts or RequestFacts.from_meta(request.META)
         preferences = prefer.parse(request.headers.get('Prefer'))
         wait = preferences.seconds(config.wait.default_seconds, config.wait.max_seconds)
         heavy = submission.prepare(request.user, self.endpoint, body, semantic=semantic, reranker=reranker,
-                                   idempotency_key=idempotency_key(request), waits=wait > 0, facts=facts)
+                                   idempotency_key=self.key_of(request), waits=wait > 0, facts=facts)
         # Watched before its work is published: the end's notice can't come before the watch (workers.notify).
         with lifecycle.watching(heavy.call_id) if wait > 0 else nullcontext() as watch:
             try:
@@ -337,11 +345,7 @@ class TaskView(StreamsStoredResults, APIView):
                    responses={200: TASK, 404: ERROR})
     def get(self, request, call_id):
         call = self.get_call(request, call_id)
-        try:
-            wait = int(request.query_params.get('wait', 0))
-        except ValueError:
-            raise errors.exceptions.ValidationError({'wait': ['Must be a whole number of seconds.']}) from None
-        wait = max(0, min(wait, get_config().wait.max_seconds, MAX_POLL_SECONDS))
+        wait = min(whole_param(request, 'wait', default=0), get_config().wait.max_seconds, MAX_POLL_SECONDS)
         if wait and not lifecycle.seen(call, call.work).finished:
             with submission.waiting_slot(request.user, wait, RequestFacts.from_meta(request.META), call.endpoint,
                                          call.rows) as allowed:

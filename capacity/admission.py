@@ -167,7 +167,9 @@ def headers(admission):
     if admission is None or admission.decision is None:
         return {}
     if admission.decision in (Decision.COALESCED, Decision.CACHED):
-        return {HEADER_DECISION: str(admission.decision)}  # capacity headers only on calls that were admitted
+        # No lane was taken: no limits or counts of its own, but the suggestion a client sizes its run by.
+        values = {HEADER_DECISION: admission.decision, HEADER_SUGGESTED: admission.suggested}
+        return {name: str(value) for name, value in values.items() if value is not None}
     limits, counts = admission.limits, admission.counts
     values = {
         HEADER_DECISION: admission.decision,

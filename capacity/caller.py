@@ -4,7 +4,9 @@
 (capacity_aware, algorithm_id, automatch_run_id), `X-Amzn-Trace-Id` (queue_ms), `X-OCL-Request-Source`
 and the request id — with total functions: whatever a client sends, they return a value and never raise,
 so nothing a client sends can reach the gate's fail-open path. Malformed, oversized or deeply nested
-values read as absent, and so do values a database can't store (NUL, unpaired surrogates).
+values read as absent, and so do values a database can't store (NUL, unpaired surrogates). The one value
+a heavy call refuses instead is an `automatch_run_id` over MAX_RUN_CHARS (`run_id_too_long`, a 400 in
+api.views): cut short, it would name another run, or none the client could filter or cancel by.
 """
 import json
 import math
@@ -20,6 +22,9 @@ MAX_METADATA_BYTES = 16 * 1024  # a larger X-OCL-Event-Metadata reads as {}
 MAX_TRACE_CHARS = 256
 MAX_STAMP_HEX = 12  # a hex epoch in seconds has 8 digits until 2106; more is not a time stamp
 AWARE_VALUES = ('true', '1')
+# The longest `automatch_run_id` kept (workers.models.Call.run_id): a longer one is the heavy call's 400
+# (api.views), not cut short, since a run is found again by exactly the id its client sent.
+MAX_RUN_CHARS = 255
 
 _tiers = {}  # user id -> (tier, monotonic expiry): one groups query per user per cache period
 
@@ -118,6 +123,16 @@ def truncate(value, length):
     return text
 
 
+def run_id_too_long(meta):
+    """Whether the request's X-OCL-Event-Metadata names an `automatch_run_id` longer than MAX_RUN_CHARS
+    (which RequestFacts would cut short). Never raises."""
+    raw = meta.get('HTTP_X_OCL_EVENT_METADATA')
+    if not raw or not isinstance(raw, str) or len(raw) <= MAX_RUN_CHARS:
+        return False  # a header this short can't hold a longer id: no parse on the common path
+    run = truncate(parse_event_metadata(raw).get('automatch_run_id'), MAX_RUN_CHARS + 1)
+    return run is not None and len(run) > MAX_RUN_CHARS
+
+
 @dataclass(frozen=True)
 class RequestFacts:
     """What the request's headers tell the limiter and its log line, already parsed and bounded."""
@@ -138,7 +153,7 @@ class RequestFacts:
             queue_ms=get_queue_ms(meta.get('HTTP_X_AMZN_TRACE_ID'), now),
             request_source=truncate(meta.get('HTTP_X_OCL_REQUEST_SOURCE'), 50),
             algorithm_id=truncate(metadata.get('algorithm_id'), 100),
-            automatch_run_id=truncate(metadata.get('automatch_run_id'), 20),
+            automatch_run_id=truncate(metadata.get('automatch_run_id'), MAX_RUN_CHARS),
             cid=truncate(meta.get('HTTP_X_REQUEST_ID'), 100),
         )
 

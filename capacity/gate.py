@@ -100,10 +100,11 @@ def _uncounted(token, call, config, enforced, lanes, keys, lease_ms, facts, erro
 
 
 def unadmitted(user, decision, endpoint='', rows=0, semantic=False, reranker=False, waits=False, queue='',
-               draws_on=None, facts=NO_FACTS, token=None, config=None):
+               draws_on=None, facts=NO_FACTS, token=None, config=None, store=None):
     """The Admission of a call served without admission (`decision` COALESCED or CACHED: it shares an
-    identical call's work, workers.sharing): no lane, no lease; decision None when the limiter is off, as
-    for every call then (no headers, no log line)."""
+    identical call's work, workers.sharing): no lane, no lease, but the suggested concurrency a client sizes
+    its run by, from the lanes a call of its kind takes as they are counted now (`suggested_now`); decision
+    None when the limiter is off, as for every call then (no headers, no log line). Never raises."""
     config = config or get_config()
     token = token or uuid.uuid4().hex
     if config.mode == OFF:
@@ -112,8 +113,23 @@ def unadmitted(user, decision, endpoint='', rows=0, semantic=False, reranker=Fal
         endpoint=endpoint, rows=rows, tier=get_tier(user), user_id=getattr(user, 'pk', None),
         semantic=bool(semantic), reranker=bool(reranker), waits=bool(waits), host=settings.CAPACITY_TASK_ID,
         queue=queue, draws_on=draws_on)
-    return Admission(decision=decision, token=token, call=call, mode=config.mode,
-                     enforced=decisions.is_enforced(config, facts.aware), facts=facts)
+    admission = Admission(decision=decision, token=token, call=call, mode=config.mode,
+                          enforced=decisions.is_enforced(config, facts.aware), facts=facts)
+    return suggested_now(admission, config, store)
+
+
+def suggested_now(admission, config, store=None):
+    """`admission` (a call that took no lease) with the suggested concurrency of the lanes a call of its
+    kind takes, counted now: one read, nothing taken. When Redis can't count them, the suggestion of the
+    limits alone (the per-user limit), as for an `unavailable` call; a failure is recorded, never raised."""
+    try:
+        plan = plans.plan_for(config, admission.call, admission.enforced)
+        counts = (store or get_store()).count(list(plan.keys))
+        # Unknown: the store has recorded why (capacity.failopen); the suggestion falls back to the limits.
+        counted = {} if isinstance(counts, Unknown) else {item.lane: count for item, count in zip(plan.lanes, counts)}
+        return _replace(admission, suggested=decisions.suggested_concurrency(plan.lane_limits, counted))
+    except Exception as ex:  # noqa: BLE001 - a header must never fail the call
+        return admission.with_error(failopen.record(ex, 'suggested concurrency'))
 
 
 def _replace(admission, **changes):

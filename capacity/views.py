@@ -8,6 +8,7 @@ from django.core.exceptions import ValidationError
 from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import exceptions
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.permissions import IsAdminUser
 from rest_framework.renderers import JSONRenderer, TemplateHTMLRenderer
@@ -15,8 +16,9 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
-from capacity.config import get_current, get_defaults, get_history, save_config, version_data
+from capacity.config import MAX_HISTORY, get_current, get_defaults, get_history, save_config, version_data
 from capacity.constants import SOURCE_API
+from common.numbers import whole_number
 
 DEFAULT_HISTORY_LIMIT = 50
 STAFF_AUTHENTICATION = (*api_settings.DEFAULT_AUTHENTICATION_CLASSES, SessionAuthentication)
@@ -29,12 +31,16 @@ class StaffView(APIView):
     permission_classes = (IsAdminUser,)
 
 
-def to_int(value, default):
-    """`value` as an int; `default` when it is missing, 0 or not a number."""
-    try:
-        return int(value) or default
-    except (TypeError, ValueError):
+def whole_param(request, name, default, high):
+    """The query parameter `name` as an int from 1 to `high`, `default` when it is absent or empty; anything
+    else (0, a sign, a digit outside ASCII: '²', '٣') is a 400 naming it."""
+    raw = request.query_params.get(name)
+    if raw is None or raw == '':
         return default
+    value = whole_number(raw)
+    if value is None or not 1 <= value <= high:
+        raise exceptions.ValidationError({name: [f'Must be a whole number from 1 to {high}, in ASCII digits.']})
+    return value
 
 
 class CapacityConfigView(StaffView):
@@ -80,7 +86,7 @@ class CapacityConfigHistoryView(StaffView):
     @extend_schema(parameters=[OpenApiParameter('limit', OpenApiTypes.INT, description='1 to 500, default 50')],
                    responses={200: OpenApiTypes.OBJECT})
     def get(self, request):
-        return Response(get_history(to_int(request.query_params.get('limit'), DEFAULT_HISTORY_LIMIT)))
+        return Response(get_history(whole_param(request, 'limit', DEFAULT_HISTORY_LIMIT, MAX_HISTORY)))
 
 
 class CapacityStatusView(StaffView):
@@ -102,7 +108,7 @@ class CapacityDecisionsView(StaffView):
     def get(self, request):
         from capacity import counters  # reads Redis; only this view needs it
         from capacity.store import Unknown
-        minutes = to_int(request.query_params.get('minutes'), counters.SERIES_MINUTES)
+        minutes = whole_param(request, 'minutes', counters.SERIES_MINUTES, counters.SERIES_MINUTES)
         series = counters.decisions_per_minute(minutes)
         if isinstance(series, Unknown):  # like the status: report a broken Redis, don't fail
             return Response({'redis': series.error, 'series': []})

@@ -56,6 +56,7 @@ from concepts.matching.rerank import (
     reranks_with_index,
 )
 from concepts.models import Source
+from common.numbers import whole_number
 
 MAX_ROWS = 1000            # rows per $match or $rerank body
 MAX_TEXT_CHARS = 1000      # characters in one row's name (and in q, and in each synonym)
@@ -131,8 +132,10 @@ _known_sources = {}  # url as sent -> (monotonic expiry, canonical url, its Cand
 
 def _whole(value, name, low, high, errors):
     """`value` (a query string or a JSON number) as an int in low..high, or None with errors[name] set."""
-    if isinstance(value, str) and value.strip().isascii() and value.strip().isdecimal():
-        value = int(value)  # ASCII digits only: '²' and '①' are digits to str.isdigit, not to int()
+    if isinstance(value, str):
+        # ASCII digits only (common.numbers): '²' and '①' are digits to str.isdigit, not to int(), and
+        # int() fails past 4300 of them.
+        value = whole_number(value.strip())
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         errors[name] = [f'"{name}" must be an integer from {low} to {high}.']
         return None

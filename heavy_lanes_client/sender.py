@@ -30,7 +30,7 @@ class Sender:
         self.sleep = sleep
         self.rng = rng
         self.holdback = Holdback(clock)
-        self.metadata = {'automatch_run_id': run_id[:20]}
+        self.metadata = {'automatch_run_id': run_id}  # whole: the server keeps up to 255 characters
 
     def send(self, batch, key):
         """The Handle the server answered for `batch`; GaveUp, another ClientError or Stopped otherwise."""

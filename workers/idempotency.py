@@ -29,6 +29,22 @@ from workers.models import Call
 CLAIM_SECONDS = 10      # a claim outlives a stuck request by at most this much
 CLAIM_WAIT_SECONDS = 5  # how long a racing request waits for the claimant's call
 KNOWN_SECONDS = 24 * 3600  # how long a key stays claimed after its call was recorded (at most retention)
+MAX_KEY_CHARS = 255  # Call.idempotency_key
+RETRY_PREFIX = 'retry:'
+
+
+def retry_key(call_id, key):
+    """The key a retry of call `call_id` (POST /tasks/<id>/retry/) is recorded under when it was sent with
+    Idempotency-Key `key`: that key in the retried call's own scope, `retry:<call id>:<key>` (the key's
+    sha256 when that would be longer than a key may be). So a retry sent with the key its original call
+    was sent with is a new call, not that call again, while the same retry sent twice is one call. None
+    without a key."""
+    if key is None:
+        return None
+    scoped = f'{RETRY_PREFIX}{call_id}:{key}'
+    if len(scoped) > MAX_KEY_CHARS:
+        scoped = f'{RETRY_PREFIX}{call_id}:sha256:{hashlib.sha256(key.encode()).hexdigest()}'
+    return scoped
 
 
 class IdempotencyConflict(Exception):

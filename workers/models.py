@@ -21,6 +21,8 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from capacity.caller import MAX_RUN_CHARS
+
 
 class ServedAs(models.TextChoices):
     RUN = 'run'              # the first call of its work: admitted, its work queued for it
@@ -136,9 +138,12 @@ class Call(models.Model):
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     # The submitting request's id (X-Request-Id, or made by the API): the worker's log lines carry it.
     request_id = models.CharField(max_length=100, blank=True, default='')
-    # The client's run (`automatch_run_id` in X-OCL-Event-Metadata, capacity.caller.RequestFacts): GET and
-    # DELETE /tasks/?run= list and cancel an owner's calls of one run.
-    run_id = models.CharField(max_length=20, blank=True, default='')
+    # The client's run (`automatch_run_id` in X-OCL-Event-Metadata, capacity.caller.RequestFacts), whole: GET
+    # and DELETE /tasks/?run= list and cancel an owner's calls of one run by exactly the id the client sent.
+    run_id = models.CharField(max_length=MAX_RUN_CHARS, blank=True, default='')
+    # True on a call stored while the API kept only a run id's first 20 characters (migration 0014): its
+    # `run_id` may be the start of a longer id, which finds it too (workers.runs.of_run).
+    run_id_cut = models.BooleanField(default=False)
     served_as = models.CharField(max_length=16, choices=ServedAs.choices, default=ServedAs.RUN)
     # What admission decided for this call: its headers and its log line (capacity.admission).
     admission = models.JSONField(default=dict)

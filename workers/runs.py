@@ -6,7 +6,7 @@
 A call's visible state is not a column: it derives from the call and its work (workers.lifecycle.seen). The
 filter by state is that function written as a query (`state_filter`), so a page of a filtered list holds only
 calls whose bodies show that state. A run is the `automatch_run_id` its client sent in X-OCL-Event-Metadata
-(stored as `Call.run_id`).
+(stored whole as `Call.run_id`), found by exactly that id (`of_run`).
 """
 import time
 from dataclasses import dataclass
@@ -18,6 +18,16 @@ from workers import lifecycle
 from workers.models import OPEN_STATES, Call, ServedAs, State
 
 RETRYABLE = (State.FAILED, State.EXPIRED, State.CANCELLED)  # what POST /tasks/<id>/retry/ sends again
+LEGACY_RUN_CHARS = 20  # what calls stored before migration 0014 kept of a run id (Call.run_id_cut)
+
+
+def of_run(run):
+    """The calls of the run its client names `run`: those stored with that id, and those stored with its
+    first 20 characters when the API kept no more (`run_id_cut`)."""
+    calls = Q(run_id=run)
+    if len(run) > LEGACY_RUN_CHARS:
+        calls |= Q(run_id=run[:LEGACY_RUN_CHARS], run_id_cut=True)
+    return calls
 
 
 def state_filter(state, now=None):
@@ -51,7 +61,7 @@ def listed(owner=None, states=(), endpoint=None, run=None):
     if endpoint:
         calls = calls.filter(endpoint=endpoint)
     if run:
-        calls = calls.filter(run_id=run)
+        calls = calls.filter(of_run(run))
     return calls.order_by('-created_at', '-id')
 
 

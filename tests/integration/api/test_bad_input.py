@@ -214,3 +214,30 @@ def test_a_long_prefer_header_keeps_its_respond_async(make_user, api_as, tiny_so
     response = post(api_as(make_user()), {'rows': [{'name': 'fever'}], 'target_repo_url': tiny_source},
                     HTTP_PREFER=f'{padding}, respond-async')
     assert response.status_code == 202 and response['Preference-Applied'] == 'respond-async'
+
+
+@pytest.mark.parametrize('path, field', [
+    ('/tasks/?page=²', 'page'),          # a digit to str.isdigit that int() refuses: it was a 500
+    ('/tasks/?page_size=²', 'page_size'),
+    ('/tasks/?page=١', 'page'),          # Arabic-Indic one: int() reads it as 1
+    ('/tasks/?page_size=٣', 'page_size'),
+    ('/tasks/?page_size=1_0', 'page_size'),  # int() reads it as 10
+    ('/tasks/{call}/?wait=٣', 'wait'),
+    ('/tasks/{call}/?wait=²', 'wait'),
+    ('/tasks/{call}/?wait=+1', 'wait'),
+    ('/concepts/$match/?limit=' + '9' * 5000, 'limit'),  # more digits than int() reads: it was a 500
+    ('/capacity/config/history/?limit=٣', 'limit'),
+    ('/capacity/config/history/?limit=²', 'limit'),
+    ('/capacity/decisions/?minutes=٣', 'minutes'),
+])
+def test_a_number_in_the_query_that_is_not_ascii_digits_is_a_400_naming_it(
+        path, field, make_user, api_as, tiny_source, lanes_redis, broker):
+    client = api_as(make_user(is_staff=True))
+    call_id = post(client, {'rows': [{'name': 'fever'}], 'target_repo_url': tiny_source}).json()['id']
+    path = path.format(call=call_id)
+    if path.startswith('/concepts/'):
+        response = client.post(path, {'rows': [{'name': 'fever'}], 'target_repo_url': tiny_source}, format='json')
+    else:
+        response = client.get(path)
+    assert response.status_code == 400, (path, response.status_code, response.content[:300])
+    assert response.json()['error_code'] == 'invalid' and field in response.json()['detail'], response.json()

@@ -45,3 +45,12 @@ def test_debug_is_off_unless_asked_for_also_outside_production(value, expected):
         cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
         env={**environ, 'DJANGO_SETTINGS_MODULE': 'api.settings', 'HEAVY_LANES_VAR_DIR': str(django_settings.VAR_DIR)})
     assert result.stdout.strip().splitlines()[-1] == expected, result.stderr[-500:]
+
+
+def test_outside_production_only_the_loopback_names_make_run_listens_on_are_allowed_hosts():
+    environ = {k: v for k, v in os.environ.items() if k not in ('ALLOWED_HOSTS', 'HEAVY_LANES_PRODUCTION')}
+    result = subprocess.run(
+        [sys.executable, 'manage.py', 'shell', '-c', 'from django.conf import settings; print(settings.ALLOWED_HOSTS)'],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+        env={**environ, 'DJANGO_SETTINGS_MODULE': 'api.settings', 'HEAVY_LANES_VAR_DIR': str(django_settings.VAR_DIR)})
+    assert result.stdout.strip().splitlines()[-1] == "['.localhost', '127.0.0.1', '[::1]']", result.stderr[-500:]

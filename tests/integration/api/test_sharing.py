@@ -6,7 +6,7 @@ from unittest import mock
 
 import pytest
 
-from capacity.constants import HEADER_DECISION, HEADER_LIMIT, Lane
+from capacity.constants import HEADER_DECISION, HEADER_LIMIT, HEADER_SUGGESTED, Lane
 from capacity.keys import lane_key
 from capacity.operations import Operations
 from concepts.models import Source
@@ -82,6 +82,18 @@ def test_a_follower_is_not_refused_when_the_lanes_are_full(
     assert joined.status_code == 202 and joined[HEADER_DECISION] == 'coalesced'
 
 
+def test_a_call_served_by_shared_work_carries_the_suggested_concurrency_of_the_lanes_now(
+        broker, lanes_redis, tiny_source, make_user, api_as, configure):
+    configure(es2_knn=2, per_user=MANY, tiers=MANY)  # a bulk es2_knn lane of 1: the first call fills it
+    first = same(api_as(make_user()), tiny_source)
+    joined = same(api_as(make_user()), tiny_source)
+    assert (first[HEADER_DECISION], joined[HEADER_DECISION]) == ('admitted', 'coalesced')
+    # A client sizes its run by it: one call at once while es2_knn is full, not the per-user limit of 50.
+    assert (first[HEADER_SUGGESTED], joined[HEADER_SUGGESTED]) == ('1', '1')
+    configure(es2_knn=2, per_user=MANY, tiers=MANY, mode='off')
+    assert HEADER_SUGGESTED not in same(api_as(make_user()), tiny_source)  # off: no capacity headers at all
+
+
 def test_a_full_waiting_room_refuses_before_anything_is_written(
         broker, lanes_redis, tiny_source, make_user, api_as, configure):
     configure(mode='enforce', enforce_for='all', es2_knn=2, per_user=MANY, tiers=MANY,
@@ -111,6 +123,7 @@ def test_a_warm_result_answers_without_the_lane_store_until_the_ttl_or_a_new_ver
         warm = same(other, tiny_source, HTTP_PREFER='wait=30')
         handle = same(other, tiny_source)  # respond-async: a handle already succeeded
     assert warm.status_code == 200 and warm[HEADER_DECISION] == 'cached'
+    assert int(warm[HEADER_SUGGESTED]) >= 1 and int(handle[HEADER_SUGGESTED]) >= 1  # nothing else in flight
     assert warm.content == cold.content  # byte for byte
     assert handle.status_code == 202 and handle.json()['state'] == 'succeeded'
     call = Call.objects.get(pk=handle.json()['id'])

@@ -2,6 +2,7 @@
 once) and POST /tasks/<id>/retry/ (a failed call sent again), over HTTP against the real Redis broker and
 lanes, with real worker processes where calls must run."""
 import json
+from urllib.parse import urlencode
 
 import pytest
 
@@ -92,7 +93,8 @@ def test_the_list_shows_the_callers_calls_newest_first_filtered_and_in_pages(
     bad(client.get('/tasks/?state=done'), 'state')
     bad(client.get('/tasks/?state=queued,,bogus'), 'state')
     bad(client.get('/tasks/?endpoint=$lookup'), 'endpoint')
-    bad(client.get('/tasks/?run=' + 'r' * 21), 'run')
+    bad(client.get('/tasks/?run=' + 'r' * 256), 'run')
+    bad(client.get('/tasks/?run=a%00b'), 'run')
     bad(client.get('/tasks/?page=0'), 'page')
     bad(client.get('/tasks/?page=9'), 'page')
     bad(client.get('/tasks/?page_size=101'), 'page_size')
@@ -101,6 +103,51 @@ def test_the_list_shows_the_callers_calls_newest_first_filtered_and_in_pages(
     assert api_as(make_user()).get('/tasks/').json()['count'] == 0
     from rest_framework.test import APIClient
     assert APIClient().get('/tasks/').status_code == 401
+
+
+def test_a_long_run_id_finds_and_cancels_exactly_the_calls_sent_with_it(
+        broker, lanes_redis, tiny_source, make_user, api_as, configure):
+    configure(es2_knn=1)  # es2_knn paused: every $match waits in its queue
+    client = api_as(make_user())
+    run = 'mapper-2026-12-05T08:39:21.512Z-7f3a'  # OCL's Mapper's ids are longer than 20 characters
+    sibling = run[:20] + '-other-run'           # another run, the same first 20 characters
+    mine = [match(client, tiny_source, run=run) for _ in range(2)]
+    theirs = match(client, tiny_source, run=sibling)
+    short = match(client, tiny_source, run=run[:20])
+    longest = match(client, tiny_source, run='r' * 255)
+
+    assert ids(client.get('/tasks/', {'run': run})) == list(reversed(mine))
+    assert ids(client.get('/tasks/', {'run': sibling})) == [theirs]
+    assert ids(client.get('/tasks/', {'run': run[:20]})) == [short]
+    assert ids(client.get('/tasks/', {'run': 'r' * 255})) == [longest]
+    assert Call.objects.get(pk=mine[0]).run_id == run
+
+    response = client.delete('/tasks/?' + urlencode({'run': run}))
+    assert response.status_code == 200 and response.json() == {'cancelled': 2}
+    assert [client.get(f'/tasks/{call_id}/').json()['state'] for call_id in (*mine, theirs, short)] == [
+        'cancelled', 'cancelled', 'queued', 'queued']
+
+    # A longer id than the API keeps is refused where it is sent, naming it, before anything is counted.
+    refused = client.post('/concepts/$match/?semantic=true',
+                          {'rows': distinct(ROWS), 'target_repo_url': tiny_source}, format='json',
+                          HTTP_PREFER='respond-async', **run_header('r' * 256))
+    bad(refused, 'automatch_run_id')
+    assert Call.objects.count() == 5
+
+
+def test_page_links_name_only_a_host_the_service_answers_to(
+        broker, lanes_redis, tiny_source, make_user, api_as, configure, settings):
+    from api.settings import LOOPBACK_HOSTS
+    configure(es2_knn=1)
+    client = api_as(make_user())
+    for _ in range(2):
+        match(client, tiny_source)
+    settings.ALLOWED_HOSTS = LOOPBACK_HOSTS.split(',')  # what make run serves, without the test client's name
+    forged = client.get('/tasks/?page_size=1', HTTP_HOST='evil.example')
+    assert forged.status_code == 400 and forged.json()['error_code'] == 'bad_request'
+    for host in ('127.0.0.1:8000', 'localhost:8000'):
+        page = client.get('/tasks/?page_size=1', HTTP_HOST=host)
+        assert page.status_code == 200 and page.json()['next'] == f'http://{host}/tasks/?page=2&page_size=1'
 
 
 @pytest.mark.slow
@@ -189,3 +236,32 @@ def test_a_retry_is_refused_by_capacity_as_a_submission_is_and_admitted_once_the
     assert admitted.status_code == 202 and admitted['X-OCL-Capacity-Decision'] == 'admitted'
     assert admitted['Location'] == f'/tasks/{admitted.json()["id"]}/' and 'RateLimit' in admitted
     assert Call.objects.get(pk=admitted.json()['id']).run_id == 'run-x'
+
+
+@pytest.mark.parametrize('key', ['mapper-batch-7', 'k' * 255])
+def test_a_retry_sent_with_its_original_calls_idempotency_key_is_a_new_call_and_its_resend_the_same(
+        key, broker, lanes_redis, tiny_source, make_user, api_as, configure):
+    configure(es2_knn=1)  # es2_knn paused: every $match waits in its queue
+    client = api_as(make_user())
+    body = {'rows': distinct(ROWS), 'target_repo_url': tiny_source}
+
+    def send():
+        return client.post('/concepts/$match/?semantic=true', body, format='json', HTTP_PREFER='respond-async',
+                           HTTP_IDEMPOTENCY_KEY=key)
+
+    original = send().json()['id']
+    assert client.delete(f'/tasks/{original}/').json()['state'] == 'cancelled'
+
+    retried = client.post(f'/tasks/{original}/retry/', HTTP_PREFER='respond-async', HTTP_IDEMPOTENCY_KEY=key)
+    assert retried.status_code == 202, retried.content
+    again = retried.json()['id']
+    assert again != original and retried.json()['state'] == 'queued'
+    assert retried['X-OCL-Capacity-Decision'] == 'shadow-refused'  # sent (es2_knn paused): it took leases
+    assert holds(lanes_redis, again) > 0
+
+    # The same retry sent twice (a lost answer) is one call; the client's own POST sent again is its call.
+    resent = client.post(f'/tasks/{original}/retry/', HTTP_PREFER='respond-async', HTTP_IDEMPOTENCY_KEY=key)
+    assert (resent.status_code, resent.json()['id']) == (202, again)
+    replayed = send()
+    assert (replayed.status_code, replayed.json()['id'], replayed.json()['state']) == (202, original, 'cancelled')
+    assert Call.objects.count() == 2

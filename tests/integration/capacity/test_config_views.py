@@ -115,14 +115,21 @@ def test_a_form_body_is_refused(staff):
     assert CapacityConfig.objects.count() == 0
 
 
-@pytest.mark.parametrize('limit, expected', [('2', 2), ('0', 3), ('-4', 1), ('many', 3), ('', 3)])
-def test_the_history_limit_falls_back_to_the_default_and_is_at_least_one(staff, limit, expected):
+@pytest.mark.parametrize('limit, expected', [('2', 2), ('', 3), (None, 3)])
+def test_the_history_limit_takes_the_newest_versions_and_defaults_to_fifty(staff, limit, expected):
     for knn in (1, 2, 3):
         staff.patch(CONFIG_URL, {'es2_knn': knn}, format='json')
-    assert len(staff.get(HISTORY_URL, {'limit': limit}).json()) == expected
+    query = {} if limit is None else {'limit': limit}
+    assert len(staff.get(HISTORY_URL, query).json()) == expected
+
+
+@pytest.mark.parametrize('limit', ['0', '-4', 'many', '٣', '501', '1000'])
+def test_a_history_limit_that_is_not_a_whole_number_from_1_to_500_is_a_400_naming_it(staff, limit):
+    response = staff.get(HISTORY_URL, {'limit': limit})
+    assert response.status_code == 400 and 'limit' in response.json()['detail'], response.content
 
 
 def test_the_history_limit_is_at_most_500(staff):
     CapacityConfig.objects.bulk_create(
         CapacityConfig(config=get_defaults(), source='command') for _ in range(501))
-    assert len(staff.get(HISTORY_URL, {'limit': 1000}).json()) == 500
+    assert len(staff.get(HISTORY_URL, {'limit': 500}).json()) == 500

@@ -354,7 +354,7 @@ def test_the_log_record(make_user, gates, settings):
         'in_flight': 2, 'limit': 3, 'task_in_flight': None, 'task_limit': None, 'es2_knn_in_flight': None,
         'es2_knn_limit': None, 'tier_in_flight': 2, 'tier_limit': 2, 'user_in_flight': 2, 'user_limit': 1,
         'suggested': 1, 'retry_after': 5, 'error': None, 'host': 'host-a', 'request_source': 'automatch',
-        'algorithm_id': 'a' * 100, 'automatch_run_id': 'r' * 20, 'cid': None, 'request_id': None,
+        'algorithm_id': 'a' * 100, 'automatch_run_id': 'r' * 30, 'cid': None, 'request_id': None,
         'task_id': gate.token}
 
 

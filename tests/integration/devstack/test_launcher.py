@@ -127,6 +127,11 @@ def check_serving(launch):
     missing = requests.get(f'{api}/no/such/path', timeout=10)
     assert missing.status_code == 404 and missing.json()['error_code'] == 'not_found', missing.text[:300]
     assert get(f'{api}/sources/')[0] == 401
+    # Only the names it listens on are its hosts: a forged Host gets no links to another site, but a 400.
+    forged = requests.get(f'{api}/tasks/', headers={'Host': 'evil.example', 'Authorization': f'Token {core}'},
+                          timeout=10)
+    assert forged.status_code == 400 and forged.json()['error_code'] == 'bad_request', forged.text[:300]
+    assert get(f'http://localhost:{launch.port}/healthz')[0] == 200
     status, body = get(f'{api}/sources/', {'Authorization': f'Token {core}'})
     assert status == 200
     hpo = {source['url']: source for source in json.loads(body)}['/orgs/HPO/sources/HPO/']

@@ -61,6 +61,12 @@ def test_a_row_the_limiter_never_saw_reads_as_off():
     (SKIPPED, {'X-OCL-Capacity-Decision': 'unavailable', 'X-OCL-Capacity-Limit': '3',
                'X-OCL-Capacity-Tier': 'preview', 'X-OCL-Capacity-Tier-Limit': '2',
                'X-OCL-Capacity-Suggested-Concurrency': '1'}),
+    # served by shared work: no lane of its own, but the suggestion a client sizes its run by
+    (admission(Decision.COALESCED, lanes=(), holding=False, suggested=2),
+     {'X-OCL-Capacity-Decision': 'coalesced', 'X-OCL-Capacity-Suggested-Concurrency': '2'}),
+    (admission(Decision.CACHED, lanes=(), holding=False, suggested=0),
+     {'X-OCL-Capacity-Decision': 'cached', 'X-OCL-Capacity-Suggested-Concurrency': '0'}),
+    (admission(Decision.CACHED, lanes=(), holding=False, suggested=None), {'X-OCL-Capacity-Decision': 'cached'}),
     (OFF, {}),
     (None, {}),
 ])

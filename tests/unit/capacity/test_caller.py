@@ -3,7 +3,9 @@ import json
 
 import pytest
 
-from capacity.caller import RequestFacts, clear_tiers, get_queue_ms, get_tier, parse_event_metadata, truncate
+from capacity.caller import (
+    RequestFacts, clear_tiers, get_queue_ms, get_tier, parse_event_metadata, run_id_too_long, truncate,
+)
 
 NOW = 1_700_000_000
 
@@ -73,3 +75,17 @@ def test_metadata_values_a_database_cant_store_are_left_out_of_the_facts():
         {'capacity_aware': 'true', 'algorithm_id': 'a\x00b', 'automatch_run_id': '\ud800'})})
     assert facts.aware is True  # the rest of the header still counts
     assert facts.algorithm_id is None and facts.automatch_run_id is None
+
+
+@pytest.mark.parametrize('run, too_long', [
+    ('r' * 255, False),        # the longest kept, whole
+    ('r' * 256, True),         # the API refuses it rather than cut it short
+    (None, False),             # no run
+    ({'nested': 'r' * 300}, False),  # not an id: read as no run
+    (12345, False),
+])
+def test_a_run_id_is_kept_whole_up_to_255_characters_and_a_longer_one_is_told(run, too_long):
+    meta = {'HTTP_X_OCL_EVENT_METADATA': json.dumps({'automatch_run_id': run, 'pad': 'x' * 300})}
+    assert run_id_too_long(meta) is too_long
+    if not too_long and isinstance(run, str):
+        assert RequestFacts.from_meta(meta).automatch_run_id == run
