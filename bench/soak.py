@@ -56,7 +56,7 @@ from collections import defaultdict
 
 from helpers import lane_limit
 from soak_faults import (
-    CancelRace, drop_ack, duplicate_running, flush_broker, own_sessions_named, read_only_database, stall,
+    CancelRace, drop_ack, duplicate_running, flush_broker, own_sessions_named, read_only_database, stall, starve_apis,
 )
 from soak_report import MIN_RACES, consuming_pools, report
 from soak_sampler import Sampler, Watch
@@ -386,31 +386,6 @@ def run(args, broker, broker_url):
                       broker_client=broker_client, load_done=load_done, drained=drained, drained_t=drained_t,
                       leases_left=leases_left, members_left=members_left, probes=probes, settings=SETTINGS,
                       lease_seconds=LEASE_SECONDS, late_seconds=LATE_SECONDS, retry_seconds=RETRY_SECONDS)
-
-
-def api_processes(stack):
-    """The pids of every API server's gunicorn worker processes (the children of each master)."""
-    pids = []
-    for name, child in stack.children.items():
-        if name == 'api' or name.startswith('api-'):
-            with open(f'/proc/{child.pid}/task/{child.pid}/children') as listing:
-                pids += [int(pid) for pid in listing.read().split()]
-    return pids
-
-
-def starve_apis(stack, seconds, rel):
-    """SIGSTOP every API process for `seconds` (longer than the limiter's deadline) while Redis answers, as a
-    host that gives them no CPU; the calls they had sent must find Redis's answers and count."""
-    pids = api_processes(stack)
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
-    stopped = time.monotonic()
-    try:
-        time.sleep(seconds)
-    finally:
-        for pid in pids:
-            os.kill(pid, signal.SIGCONT)
-    return {'t': rel(stopped), 'seconds': seconds, 'processes': len(pids)}
 
 
 def lanes_with_lost_acks(stack):

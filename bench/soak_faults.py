@@ -200,3 +200,28 @@ class CancelRace(threading.Thread):
         finally:
             session.close()
             connection.close()
+
+
+def api_processes(stack):
+    """The pids of every API server's gunicorn worker processes (the children of each master)."""
+    pids = []
+    for name, child in stack.children.items():
+        if name == 'api' or name.startswith('api-'):
+            with open(f'/proc/{child.pid}/task/{child.pid}/children') as listing:
+                pids += [int(pid) for pid in listing.read().split()]
+    return pids
+
+
+def starve_apis(stack, seconds, rel):
+    """SIGSTOP every API process for `seconds` (longer than the limiter's deadline) while Redis answers, as a
+    host that gives them no CPU; the calls they had sent must find Redis's answers and count."""
+    pids = api_processes(stack)
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        time.sleep(seconds)
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    return {'t': rel(stopped), 'seconds': seconds, 'processes': len(pids)}
