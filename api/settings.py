@@ -369,8 +369,12 @@ CELERY_TASK_PUBLISH_RETRY_POLICY = {'max_retries': 1, 'interval_start': 0, 'inte
                                     'interval_max': 0.2}
 # The most a request waits for its call's message to be published (workers.publisher): then it answers 503.
 CELERY_PUBLISH_DEADLINE_SECONDS = env_float('CELERY_PUBLISH_DEADLINE_SECONDS', 2.0)
-CELERY_WORKER_SEND_TASK_EVENTS = True
-# No task-sent event: it cost each heavy call one more Redis PUBLISH (Flower sees a call once received).
+# No task events (received, started, succeeded): each was a Redis PUBLISH per call and, with the rest, about
+# 1.3 ms of a lane node's main process a call, for Flower's task views alone (the lanes page, GET /tasks/ and
+# /metrics show the calls). Worker events (online, heartbeats) still go: Flower's worker views and its pool
+# resize use them. Flower is started with --enable_events=False everywhere (devstack.services.FLOWER_OPTIONS,
+# docker-compose.yml, the cluster), or it would turn task events back on in every worker.
+CELERY_WORKER_SEND_TASK_EVENTS = False
 CELERY_TASK_SEND_SENT_EVENT = False
 CELERY_DB_REUSE_MAX = env_int('CELERY_DB_REUSE_MAX', 1000)
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from cluster.net import Network
 from devstack.processes import ROOT, Child, http_get, stop_children
+from devstack.services import flower_argv
 
 HOSTS = {'db': 2, 'redis1': 3, 'redis2': 4, 'redis3': 5, 'api1': 11, 'api2': 12, 'proxy': 20,
          'worker1': 21, 'worker2': 22, 'ops': 30, 'client': 40}
@@ -273,8 +274,7 @@ class Cluster:
                                           '-l', 'INFO'])
         self.start('ops', 'beat', [PYTHON, '-m', 'celery', '-A', 'workers', 'beat', '-l', 'INFO', '--schedule',
                                    str(self.dir / 'celerybeat-schedule')])
-        self.start('ops', 'flower', [PYTHON, '-m', 'celery', '-A', 'workers', 'flower', '--port=5555',
-                                     f'--address={self.addr("ops")}'])
+        self.start('ops', 'flower', [PYTHON, *flower_argv(5555, self.addr('ops'))[1:]])
 
     # --- the whole
 

@@ -52,14 +52,22 @@ def maintenance_worker(logs):
     ], log_path, ready=lambda: ' ready.' in tail(log_path, 200))
 
 
+# Flower never turns the workers' task events on (api.settings CELERY_WORKER_SEND_TASK_EVENTS says why).
+FLOWER_OPTIONS = ('--enable_events=False',)
+
+
+def flower_argv(port, address='127.0.0.1'):
+    """The command line of Flower on `address`:`port`, with the options every Flower of the house takes."""
+    return [sys.executable, '-m', 'celery', '-A', 'workers', 'flower', f'--port={port}', f'--address={address}',
+            *FLOWER_OPTIONS]
+
+
 def flower(port, logs, auth):
     """Flower on 127.0.0.1:`port` behind basic auth; `auth` is 'user:password'."""
     url = f'http://127.0.0.1:{port}'
     # Flower reads FLOWER_BASIC_AUTH as --basic_auth; in the environment the password stays out of `ps`.
     flower_auth = os.environ.get('FLOWER_BASIC_AUTH') or auth
-    return Child('flower', [
-        sys.executable, '-m', 'celery', '-A', 'workers', 'flower', f'--port={port}', '--address=127.0.0.1',
-    ], logs / 'flower.log', env={'FLOWER_BASIC_AUTH': flower_auth},
+    return Child('flower', flower_argv(port), logs / 'flower.log', env={'FLOWER_BASIC_AUTH': flower_auth},
         ready=lambda: http_get(f'{url}/api/workers', {'Authorization': basic_header(auth)})[0] == 200)
 
 

@@ -3,13 +3,13 @@ config endpoint, a Flower resize becoming the lane's limit, and a metrics scrape
 import base64
 import os
 import re
-import sys
 import time
 import urllib.request
 
 import pytest
 
 from devstack.processes import Child, free_port
+from devstack.services import flower_argv
 from tests.integration.workers.conftest import ROOT, wait_until
 from tests.integration.workers.test_queue import pool_of, read_whole, submit
 
@@ -77,9 +77,8 @@ def test_patching_a_lane_limit_resizes_a_running_pool_and_is_in_the_history(
 def flower(start_worker, tmp_path):
     port = free_port()
     env = {**os.environ, 'DJANGO_SETTINGS_MODULE': 'tests.settings'}
-    child = Child('flower', [
-        sys.executable, '-m', 'celery', '-A', 'workers', 'flower', f'--port={port}', '--address=127.0.0.1',
-        '--basic_auth=ops:secret'], tmp_path / 'flower.log', cwd=ROOT).start(env)
+    child = Child('flower', [*flower_argv(port), '--basic_auth=ops:secret'], tmp_path / 'flower.log',
+                  cwd=ROOT).start(env)
     url = f'http://127.0.0.1:{port}'
     try:
         wait_until(lambda: _answers(url), timeout=30, interval=0.2, message='Flower to answer')
@@ -157,6 +156,31 @@ def test_a_flower_pool_grow_becomes_the_lane_limit_and_both_nodes_resplit_it(
     time.sleep(1.5)
     assert pools(staff, 'es2_knn') == {a.node: 3, b.node: 2}
     assert len(flower_entries(staff)) == 1  # one resize, one config change
+
+
+def test_a_call_sends_no_task_event_while_flower_watches_the_workers(
+        broker, start_worker, flower, tiny_source, make_user, api_as):
+    """Task events cost each call Redis PUBLISHes and its node's main process CPU for Flower's task views
+    alone: none is sent, even with Flower watching (it would turn them on), while the worker events Flower's
+    worker views and pool resize live on still are."""
+    worker = start_worker(queues=('interactive',))
+    wait_until(lambda: flower_knows(flower, worker.node), timeout=20, interval=0.5, message='Flower to see it')
+    events = broker.pubsub()
+    events.psubscribe('*celeryev*')
+    user = api_as(make_user('core_user'))
+    call_id = submit(user, tiny_source, rows=[{'name': 'fever'}]).json()['id']
+    wait_until(lambda: read_whole(user.get(f'/tasks/{call_id}/')).json()['state'] == 'succeeded', timeout=30,
+               interval=0.1, message='the call to run')
+    channels = []
+
+    def heard_a_heartbeat():
+        while (message := events.get_message(timeout=0.1)) is not None:
+            if message['type'] == 'pmessage':
+                channels.append(message['channel'].decode())
+        return any('worker.heartbeat' in channel for channel in channels)
+    wait_until(heard_a_heartbeat, timeout=10, interval=0.1, message='a worker heartbeat')
+    events.close()
+    assert [channel for channel in channels if '.task.' in channel or channel.endswith('task.received')] == []
 
 
 def test_a_flower_pool_shrink_lowers_the_lane_limit(broker, start_worker, flower, make_user, api_as):
