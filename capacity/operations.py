@@ -328,9 +328,11 @@ class Operations:
             keys, args = [key, pointer_key], [token, int(pointer_ms)]
         return bool(int(self._script('unclaim', keys, args)))
 
-    def keep(self, key, seconds):
-        """Make `key` expire in `seconds` s; True when it existed."""
-        return bool(self._command('expire', key, int(seconds)))
+    def keep(self, key, seconds, value=None):
+        """Make `key` expire in `seconds` s (and, with `value`, hold that instead); True when it existed."""
+        if value is None:
+            return bool(self._command('expire', key, int(seconds)))
+        return bool(self._command('set', key, value, xx=True, ex=int(seconds)))
 
     def read(self, *keys):
         """The values of string keys, decoded (None where missing)."""

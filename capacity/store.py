@@ -212,9 +212,10 @@ class LaneStore:
         return self.ops.unclaim(key, token, pointer_key, pointer_ms)
 
     @verb('claim keep')
-    def keep(self, key, seconds):
-        """Keep the claim `key` for `seconds` s from now; True when it existed."""
-        return self.ops.keep(key, seconds)
+    def keep(self, key, seconds, value=None):
+        """Keep the claim `key` for `seconds` s from now (holding `value` instead of its token when given);
+        True when it existed."""
+        return self.ops.keep(key, seconds, value)
 
     @verb('claim read')
     def read(self, *keys):

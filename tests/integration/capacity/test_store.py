@@ -245,6 +245,18 @@ def test_unclaim_removes_a_claim_only_for_its_holder_and_can_leave_a_pointer(sto
         store.runner.operate(store.run_script, 'unclaim', [claim, pointer], ['call-2', -1])
 
 
+def test_keep_extends_a_claim_that_exists_and_can_shrink_what_it_holds(store, redis_client):
+    claim = work_claim_key('w9')
+    assert store.keep(claim, 60) is False and redis_client.exists(claim) == 0  # nothing to keep: none made
+    redis_client.set(claim, 'call-1', px=LEASE_MS)
+    assert store.keep(claim, 3600) is True
+    assert redis_client.get(claim) == b'call-1' and redis_client.ttl(claim) > 3500
+    assert store.keep(claim, 86400, '1') is True
+    assert redis_client.get(claim) == b'1' and redis_client.ttl(claim) > 86300
+    redis_client.delete(claim)
+    assert store.keep(claim, 60, '1') is False and redis_client.exists(claim) == 0
+
+
 def test_release_and_end_releases_announces_and_ends_the_work_in_one_round_trip(store, redis_client):
     keys = call_keys()
     claim, pointer = work_claim_key('w5'), warm_key('w5')
