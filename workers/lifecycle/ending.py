@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from capacity import counters
 from capacity.admission import lease_from_message
+from capacity.lease import release_and_end_all
 from workers import messages, notify, sharing
 from workers.celery import app
 from workers.lifecycle.reads import log_line
@@ -83,7 +84,7 @@ def cancel_work(work, was):
 def cancel_all(calls):
     """`cancel` for many calls at once (a client's run): {call id: the state its work was in} for the calls
     it cancelled, each as `cancel` would, in one transaction of a few set-based statements under the works'
-    row locks, then a round trip per work it cancelled (its leases, notice and claim together), one pass
+    row locks, then one round trip for the leases, notices and claims of the works it cancelled, one pass
     over each queue's messages and one revoke for all of them. A call whose work had ended, or that was
     cancelled already, is left out. `calls` come with their work (select_related) or not: it is read anew.
     """
@@ -142,22 +143,24 @@ def cancel_all(calls):
 
 
 def cancel_works(works):
-    """`cancel_work` for many (work, was) pairs: a queued one's leases, notice and claim in one round trip
-    each (as a run's end), the queues' messages in one pass per queue, one revoke for the queued ones and
-    one for the running ones."""
-    queued = defaultdict(list)
+    """`cancel_work` for many (work, was) pairs: the queued ones' leases, notices and claims in one round
+    trip for all (capacity.lease.release_and_end_all), the queues' messages in one pass per queue, one revoke
+    for the queued ones and one for the running ones."""
+    queued, ends = defaultdict(list), []
     for work, was in works:
         if was == State.QUEUED:
-            lease = worker_lease(work)
-            if not lease.release_and_end(notice=notify.notice(work.pk, State.CANCELLED),
-                                         work=sharing.work_release(work)):
-                notify.publish(work.pk, State.CANCELLED)
-                sharing.release_work(work)
-            note_limiter(work, lease)
+            ends.append((work, worker_lease(work), notify.notice(work.pk, State.CANCELLED),
+                         sharing.work_release(work)))
             queued[work.queue].append(work.pk)
         else:
             notify.publish(work.pk, State.CANCELLED)
             sharing.release_work(work)
+    sent = release_and_end_all([(lease, notice, release) for _, lease, notice, release in ends])
+    for (work, lease, _, _), published in zip(ends, sent):
+        if not published:
+            notify.publish(work.pk, State.CANCELLED)
+            sharing.release_work(work)
+        note_limiter(work, lease)
     for queue, work_ids in queued.items():
         try:
             messages.discard_all(work_ids, queue)

@@ -288,6 +288,31 @@ def test_release_and_end_releases_announces_and_ends_the_work_in_one_round_trip(
     assert store.release_and_end([], 'call-1', notice=('notice-test', 'x')) == Ended(published=0)
 
 
+def test_release_and_end_all_ends_many_runs_in_one_round_trip(store, redis_client):
+    keys = call_keys()
+    claim = work_claim_key('w7')
+    for token in ('call-1', 'call-2'):
+        store.acquire(keys, [4, 4, 4], token, LEASE_MS, force=False)
+    redis_client.set(claim, 'call-2', px=LEASE_MS)
+    sent = []
+    real_pipeline = redis.client.Redis.pipeline
+
+    def counted(client, *args, **kwargs):
+        pipe = real_pipeline(client, *args, **kwargs)
+        real_execute = pipe.execute
+        pipe.execute = lambda **kw: sent.append(len(pipe.command_stack)) or real_execute(**kw)
+        return pipe
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(redis.client.Redis, 'pipeline', counted)
+        answers = store.release_and_end_all([
+            (keys, 'call-1', 0, None, ('notice-test', 'cancelled'), None),
+            (keys, 'call-2', 0, None, ('notice-test', 'cancelled'), (claim, 'call-2', warm_key('w7'), 0))])
+    assert sent == [5]  # both ends' commands in one pipeline
+    assert answers == [Ended(removed=3, published=0), Ended(removed=3, published=0, unclaimed=1)]
+    assert store.count(keys) == [0, 0, 0] and redis_client.get(claim) is None
+    assert store.release_and_end_all([]) == []
+
+
 def test_release_and_end_loads_a_script_redis_lost_and_reports_a_failed_step_alone(store, redis_client):
     keys = call_keys()
     store.acquire(keys, [4, 4, 4], 'call-1', LEASE_MS, force=False)
