@@ -6,7 +6,7 @@ paths where `$` is part of the name (the FHIR-style operation names clients alre
 """
 from django.urls import get_resolver
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, inline_serializer
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, PolymorphicProxySerializer, inline_serializer
 from rest_framework import serializers
 
 from capacity import constants
@@ -55,9 +55,16 @@ def task_fields():
 TASK = inline_serializer('Task', {**task_fields(), 'result': serializers.JSONField(required=False)})
 # An entry of GET /tasks/: a task without its result (read at its `url`).
 TASK_SUMMARY = inline_serializer('TaskSummary', task_fields(), many=True)
-REFUSAL = inline_serializer('CapacityRefusal', {
-    'detail': serializers.CharField(), 'error_code': serializers.CharField(), 'scope': serializers.CharField(),
-    'paused': serializers.BooleanField(), 'retry_after': serializers.IntegerField()})
+CAPACITY_REFUSAL = inline_serializer('CapacityRefusal', {
+    'detail': serializers.CharField(), 'error_code': serializers.ChoiceField(choices=['capacity_exceeded']),
+    'scope': serializers.CharField(allow_null=True, help_text='The full lane (a paused one first).'),
+    'paused': serializers.BooleanField(help_text="True when the lane's limit is 0: waiting won't clear it."),
+    'retry_after': serializers.IntegerField(help_text='Seconds, as Retry-After.')})
+RATE_LIMITED = inline_serializer('RateLimited', {
+    'detail': serializers.CharField(), 'error_code': serializers.ChoiceField(choices=['rate_limited']),
+    'retry_after': serializers.IntegerField(help_text='Seconds, as Retry-After.')})
+# A 429 is either body, told apart by `error_code` (one schema matches each: their codes differ).
+REFUSAL = PolymorphicProxySerializer('Refusal', [CAPACITY_REFUSAL, RATE_LIMITED], resource_type_field_name=None)
 ERROR = inline_serializer('Error', {'detail': serializers.JSONField(), 'error_code': serializers.CharField()})
 SEARCH_META = inline_serializer('SearchMeta', {
     'search_score': serializers.FloatField(), 'search_rerank_score': serializers.FloatField(allow_null=True),

@@ -18,6 +18,7 @@ from rest_framework.views import APIView
 
 from api import errors, prefer
 from api.params import whole_param
+from api.parsers import StrictJSONParser
 from api.renderers import StreamsStoredResults
 from api.schema import (ERROR, HEAVY_PARAMETERS, HEAVY_RESPONSES, MATCH_ENTRY, NUM_RETURNED, POLL_HINT,
                         RERANKED_ROWS, TASK, response_header)
@@ -163,6 +164,9 @@ class HeavyCallView(StreamsStoredResults, APIView):
     """A heavy call: validated, gated, throttled, metered, queued; answered 202, 200 (waited) or 429."""
 
     permission_classes = (IsAuthenticated,)
+    # JSON only: a form or multipart body was parsed too (DRF's defaults) and offered in the schema, though
+    # no call can be written as one (rows are objects).
+    parser_classes = (StrictJSONParser,)
     throttle_scope = 'heavy'
     endpoint = None
 

@@ -91,10 +91,19 @@ class Lease:
         (LaneStore.release_and_end): the completion notice, (channel, message), and a work's claim given up,
         (claim key, token, warm key, warm ms). Returns whether the notice went out; a notice that didn't is
         the caller's to send."""
+        keys, token, acquired_ms, ran, notice, work = self.end_step(ran, notice, work)
+        ended = self.store.release_and_end(keys, token, acquired_ms=acquired_ms, ran=ran, notice=notice, work=work)
+        return self.ended(ended, notice)
+
+    def end_step(self, ran=None, notice=None, work=None):
+        """This lease's part of a round trip of many ends (`release_and_end_all`): (keys, token,
+        acquired_ms, ran, notice, work), as `release_and_end` sends it; the lease counts as released."""
         keys = self.keys if self.holding and not self.released else []
         self.released = True
-        ended = self.store.release_and_end(keys, self.token, acquired_ms=self.acquired_ms,
-                                           ran=ran if keys else None, notice=notice, work=work)
+        return keys, self.token, self.acquired_ms, ran if keys else None, notice, work
+
+    def ended(self, ended, notice=None):
+        """Keep what this lease's end in `release_and_end_all` met; whether its notice went out."""
         if self.note(ended) and isinstance(ended.removed, Exception):
             self.error = failopen.describe(ended.removed)
         return bool(ended) and notice is not None and not isinstance(ended.published, Exception)
@@ -112,6 +121,18 @@ class Lease:
         keys = [key for key in keys if key in self.keys]
         self.release(keys)
         self.keys = [key for key in self.keys if key not in keys]
+
+
+def release_and_end_all(ends, store=None):
+    """`Lease.release_and_end` of many leases in one round trip: `ends` are (lease, notice, work) each;
+    whether each one's notice went out, in order (one that didn't is the caller's to send)."""
+    if not ends:
+        return []
+    store = store or ends[0][0].store
+    answers = store.release_and_end_all([lease.end_step(notice=notice, work=work) for lease, notice, work in ends])
+    if isinstance(answers, Unknown):
+        answers = [answers] * len(ends)
+    return [lease.ended(answer, notice) for (lease, notice, _), answer in zip(ends, answers)]
 
 
 class LeaseRenewer(threading.Thread):

@@ -239,34 +239,51 @@ class Operations:
         run."""
         return self.runner.operate(self._run_end, list(keys), token, acquired_ms, ran, notice, work)
 
+    def release_and_end_all(self, ends):
+        """`release_and_end` for many runs' ends in one round trip: `ends` are (keys, token, acquired_ms, ran,
+        notice, work) each; an Ended each, in their order (a client's run cancelled: workers.lifecycle)."""
+        return self.runner.operate(self._run_ends, [(list(keys), *rest) for keys, *rest in ends])
+
     def _run_end(self, client, keys, token, acquired_ms, ran, notice, work):
-        """The pipeline of `release_and_end` on `client`. EVALSHA alone: a script Redis doesn't have (after a
+        """The pipeline of `release_and_end` on `client`."""
+        return self._run_ends(client, [(keys, token, acquired_ms, ran, notice, work)])[0]
+
+    def _run_ends(self, client, ends):
+        """One pipeline of every end's steps on `client`. EVALSHA alone: a script Redis doesn't have (after a
         restart or SCRIPT FLUSH) is run again on its own, which loads it (a second round trip, rarely)."""
-        steps = {}  # what -> (script name or None, keys, args), in the pipeline's order
-        if keys or ran is not None:
-            steps['removed'] = ('release', *release_call(keys, token, acquired_ms, ran))
-        if notice is not None:
-            steps['published'] = (None, [], list(notice))
-        if work is not None:
-            claim_key, work_token, pointer_key, pointer_ms = work
-            steps['unclaimed'] = ('unclaim', [claim_key, pointer_key], [work_token, int(pointer_ms)])
+        everyone = []  # per end: what -> (script name or None, keys, args), in the pipeline's order
+        for keys, token, acquired_ms, ran, notice, work in ends:
+            steps = {}
+            if keys or ran is not None:
+                steps['removed'] = ('release', *release_call(keys, token, acquired_ms, ran))
+            if notice is not None:
+                steps['published'] = (None, [], list(notice))
+            if work is not None:
+                claim_key, work_token, pointer_key, pointer_ms = work
+                steps['unclaimed'] = ('unclaim', [claim_key, pointer_key], [work_token, int(pointer_ms)])
+            everyone.append(steps)
         pipe = client.pipeline(transaction=False)
-        for name, step_keys, args in steps.values():
-            if name is None:
-                pipe.publish(*args)
-            else:
-                pipe.evalsha(self.script(name).sha, len(step_keys), *step_keys, *args)
-        answers = dict(zip(steps, pipe.execute(raise_on_error=False)))
-        for what, (name, step_keys, args) in steps.items():
-            if isinstance(answers[what], redis.exceptions.NoScriptError):
-                try:
-                    answers[what] = self.run_script(client, name, step_keys, args)
-                except redis.RedisError as ex:
-                    answers[what] = ex
-        for what in ('removed', 'unclaimed'):
-            if what in answers and not isinstance(answers[what], Exception):
-                answers[what] = int(answers[what] or 0)
-        return Ended(**answers)
+        for steps in everyone:
+            for name, step_keys, args in steps.values():
+                if name is None:
+                    pipe.publish(*args)
+                else:
+                    pipe.evalsha(self.script(name).sha, len(step_keys), *step_keys, *args)
+        replies = iter(pipe.execute(raise_on_error=False))
+        ended = []
+        for steps in everyone:
+            answers = {what: next(replies) for what in steps}
+            for what, (name, step_keys, args) in steps.items():
+                if isinstance(answers[what], redis.exceptions.NoScriptError):
+                    try:
+                        answers[what] = self.run_script(client, name, step_keys, args)
+                    except redis.RedisError as ex:
+                        answers[what] = ex
+            for what in ('removed', 'unclaimed'):
+                if what in answers and not isinstance(answers[what], Exception):
+                    answers[what] = int(answers[what] or 0)
+            ended.append(Ended(**answers))
+        return ended
 
     def count(self, keys):
         """Each lane's unexpired leases, in `keys` order (nothing is pruned)."""
@@ -328,9 +345,11 @@ class Operations:
             keys, args = [key, pointer_key], [token, int(pointer_ms)]
         return bool(int(self._script('unclaim', keys, args)))
 
-    def keep(self, key, seconds):
-        """Make `key` expire in `seconds` s; True when it existed."""
-        return bool(self._command('expire', key, int(seconds)))
+    def keep(self, key, seconds, value=None):
+        """Make `key` expire in `seconds` s (and, with `value`, hold that instead); True when it existed."""
+        if value is None:
+            return bool(self._command('expire', key, int(seconds)))
+        return bool(self._command('set', key, value, xx=True, ex=int(seconds)))
 
     def read(self, *keys):
         """The values of string keys, decoded (None where missing)."""

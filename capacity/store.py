@@ -97,7 +97,13 @@ def _release_acquire_later(store, keys, limits, token, *args, **kwargs):
     store.releases.defer(keys, token)
 
 
+def _release_all_later(store, ends, *args, **kwargs):
+    for keys, token, *_ in ends:
+        store.releases.defer(keys, token)
+
+
 RELEASE_LATER = Undo(_release_later, always=True)
+RELEASE_ALL_LATER = Undo(_release_all_later, always=True)
 RELEASE_UNKNOWN_ACQUIRE = Undo(_release_acquire_later, always=False)
 
 
@@ -190,6 +196,17 @@ class LaneStore:
             self.releases.defer(keys, token)
         return ended
 
+    @verb('release', undo=RELEASE_ALL_LATER)
+    def release_and_end_all(self, ends):
+        """`release_and_end` for many ends ((keys, token, acquired_ms, ran, notice, work) each) in one round
+        trip: an Ended each, in order. A release that failed alone is sent again later, as any release."""
+        ended = self.ops.release_and_end_all(ends)
+        for (keys, token, *_), one in zip(ends, ended):
+            if isinstance(one.removed, Exception):
+                failopen.record(one.removed, 'release', self)
+                self.releases.defer(keys, token)
+        return ended
+
     @verb('count')
     def count(self, keys):
         """Each lane's unexpired leases, in `keys` order (nothing is pruned)."""
@@ -229,9 +246,10 @@ class LaneStore:
         return self.ops.unclaim(key, token, pointer_key, pointer_ms)
 
     @verb('claim keep')
-    def keep(self, key, seconds):
-        """Keep the claim `key` for `seconds` s from now; True when it existed."""
-        return self.ops.keep(key, seconds)
+    def keep(self, key, seconds, value=None):
+        """Keep the claim `key` for `seconds` s from now (holding `value` instead of its token when given);
+        True when it existed."""
+        return self.ops.keep(key, seconds, value)
 
     @verb('claim read')
     def read(self, *keys):

@@ -84,7 +84,7 @@ class CapacityConfigHistoryView(StaffView):
     """GET the newest versions first (`?limit=N`, default 50, at most 500), each with its changes."""
 
     @extend_schema(parameters=[OpenApiParameter('limit', OpenApiTypes.INT, description='1 to 500, default 50')],
-                   responses={200: OpenApiTypes.OBJECT})
+                   responses={200: {'type': 'array', 'items': {'type': 'object', 'additionalProperties': True}}})
     def get(self, request):
         return Response(get_history(whole_param(request, 'limit', DEFAULT_HISTORY_LIMIT, MAX_HISTORY)))
 

@@ -11,10 +11,11 @@ the key in Redis (the lane store's `claim`); a second waits up to CLAIM_WAIT_SEC
 call and is answered with it (`replay`), or claims the key itself when the first gave up without a call
 (refused, 503). Without Redis the constraint alone still gives both one call.
 
-A request that recorded a call under the key keeps it claimed for `known_seconds()`, so a resend finds the
-claim and is answered with that call, while a claim taken at once is a new key, answered with no database
-lookup. Should Redis have lost the claim of a recorded call (a flush, a failover), a resend is still
-answered with that call, by the unique constraint, at the price of an admission and a rate-limit allowance.
+A request that recorded a call under the key keeps it claimed for `known_seconds()` (the claim then holds
+`KEPT`, not the request's token: nothing reads it), so a resend finds the claim and is answered with that
+call, while a claim taken at once is a new key, answered with no database lookup. Should Redis have lost
+the claim of a recorded call (a flush, a failover), a resend is still answered with that call, by the
+unique constraint, at the price of an admission and a rate-limit allowance.
 """
 import hashlib
 import time
@@ -45,6 +46,11 @@ def retry_key(call_id, key):
     if len(scoped) > MAX_KEY_CHARS:
         scoped = f'{RETRY_PREFIX}{call_id}:sha256:{hashlib.sha256(key.encode()).hexdigest()}'
     return scoped
+# A kept claim is one Redis key a call for a day (~8.6 GB at 500 calls/s with a 64-character digest and the
+# call's id as its value, 200 B each): 128 bits of the digest name a key of one user well enough, and a
+# kept claim holds one character. 120 B (docs/deployment.md, "Scaling on paper").
+DIGEST_CHARS = 32
+KEPT = '1'
 
 
 class IdempotencyConflict(Exception):
@@ -91,6 +97,11 @@ def known_seconds():
     return max(1, min(KNOWN_SECONDS, settings.HEAVY_LANES_RETENTION_SECONDS))
 
 
+def key_claim(user_id, idempotency_key):
+    """The Redis key of the claim of `user_id`'s `idempotency_key`."""
+    return claim_key('idempotency', user_id, hashlib.sha256(idempotency_key.encode()).hexdigest()[:DIGEST_CHARS])
+
+
 @contextmanager
 def claimed(heavy):
     """Hold this user's Idempotency-Key while the call is admitted and recorded; yield its Claim (see the
@@ -100,7 +111,7 @@ def claimed(heavy):
         yield claim
         return
     store = get_store()
-    key = claim_key('idempotency', heavy.user.pk, hashlib.sha256(heavy.idempotency_key.encode()).hexdigest())
+    key = key_claim(heavy.user.pk, heavy.idempotency_key)
     deadline = time.monotonic() + CLAIM_WAIT_SECONDS
     held = False
     try:
@@ -117,6 +128,6 @@ def claimed(heavy):
     finally:
         if held is True:
             if claim.recorded:
-                store.keep(key, known_seconds())
+                store.keep(key, known_seconds(), KEPT)  # nobody reads the token of a kept claim
             else:
                 store.unclaim(key, heavy.call_id)

@@ -1,7 +1,7 @@
 """An owner's calls, listed by what the owner sees of them, and a client's run cancelled at once.
 
     calls = listed(owner=user, states=['failed'], endpoint='$match', run='r-42')  # newest first
-    count = cancel_run(user, 'r-42')   # every open call of that run of `user`, through lifecycle.cancel
+    count = cancel_run(user, 'r-42')   # every open call of that run of `user`, through lifecycle.cancel_all
 
 A call's visible state is not a column: it derives from the call and its work (workers.lifecycle.seen). The
 filter by state is that function written as a query (`state_filter`), so a page of a filtered list holds only
@@ -79,19 +79,23 @@ class Cancelled:
     still_running: int = 0
 
 
+CANCEL_BATCH = 500  # calls cancelled in one transaction (lifecycle.cancel_all) while a run is cancelled
+
+
 def cancel_run(owner, run, wait_seconds=0.0):
-    """Cancel every open call of `owner`'s `run`, each through lifecycle.cancel (as DELETE /tasks/<id>/:
-    a queued work's leases go back and its message comes off the queue, a running one is stopped where it
-    runs and its worker releases its leases; a work that other calls share goes on for them). Then wait up
-    to `wait_seconds` in all for the running ones to stop. A call that ended meanwhile is left as it ended."""
+    """Cancel every open call of `owner`'s `run` as DELETE /tasks/<id>/ cancels one (a queued work's leases
+    go back and its message comes off the queue, a running one is stopped where it runs and its worker
+    releases its leases; a work that other calls share goes on for them), CANCEL_BATCH calls at a time
+    through lifecycle.cancel_all: a few statements and one revoke a batch, not a transaction and a revoke a
+    call. Then wait up to `wait_seconds` in all for the running ones to stop. A call that ended meanwhile
+    is left as it ended; a call the run gets after the open ones were read is not cancelled."""
+    ids = list(open_calls_of_run(owner, run).values_list('pk', flat=True))
     cancelled, running = 0, []
-    for call in open_calls_of_run(owner, run):
-        was = lifecycle.cancel(call)
-        if was is None:
-            continue
-        cancelled += 1
-        if was == State.RUNNING:
-            running.append(call)
+    for start in range(0, len(ids), CANCEL_BATCH):
+        batch = list(Call.objects.select_related('work').filter(pk__in=ids[start:start + CANCEL_BATCH]))
+        was = lifecycle.cancel_all(batch)
+        cancelled += len(was)
+        running += [call for call in batch if was.get(call.pk) == State.RUNNING]
     deadline = time.monotonic() + wait_seconds
     still = 0
     for call in running:

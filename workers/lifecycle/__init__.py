@@ -15,7 +15,8 @@ of the call and its work (`seen`).
 - running (the worker's side): `start` claims a work (`claim_first`: a first delivery's claim and read in
   one statement where it can), `beat` is its heartbeat, `note_rows` how far its run has got, `succeed`
   stores the result through django-celery-results with the state, `fail` and `time_out` record a failure.
-- ending: `cancel(call)` lets one call go, and cancels the work with its last open call; `end_unstarted`
+- ending: `cancel(call)` lets one call go, and cancels the work with its last open call (`cancel_all`: many
+  at once, a client's run); `end_unstarted`
   and `expire` end a work that won't run, `stopped` a cancelled one whose run has stopped; `ended` and
   `end_with_release` follow every end (counts, log lines, completion notice, the work's release).
 - upkeep, for the sweep and retention: `overdue`, `maybe_lost`, `redeliver`, `stranded`, `forget_finished`.
@@ -27,8 +28,8 @@ stored results.
 """
 from workers.lifecycle.create import enqueue, join, queued_lease_ms, send, serve_cached
 from workers.lifecycle.ending import (
-    cancel, discard_message, end_unstarted, end_with_release, ended, expire, note_limiter, stopped, taken_over,
-    wait_stopped, worker_lease,
+    cancel, cancel_all, discard_message, end_unstarted, end_with_release, ended, expire, note_limiter, stopped,
+    taken_over, wait_stopped, worker_lease,
 )
 from workers.lifecycle.reads import (
     Progress, StoredJSON, Waited, admission_of, answer, log_line, position, progress, result, result_json,
@@ -44,7 +45,8 @@ from workers.lifecycle.upkeep import forget_finished, maybe_lost, overdue, queue
 __all__ = [
     'BUSY', 'CANCELLED', 'ENDED', 'EXPIRE', 'EXPIRED', 'FAILED', 'Failure', 'HARD_LIMIT', 'Progress', 'RUN',
     'SOFT_LIMIT', 'Seen', 'Start', 'StoredJSON', 'Waited', 'admission_of', 'answer', 'beat', 'busy_retry_in',
-    'cancel', 'claim_first', 'claim_first_available', 'discard_message', 'end_unstarted', 'end_with_release',
+    'cancel', 'cancel_all', 'claim_first', 'claim_first_available', 'discard_message', 'end_unstarted',
+    'end_with_release',
     'ended', 'enqueue', 'expire', 'fail', 'forget_finished', 'holder_gone', 'join', 'load', 'log_line',
     'maybe_lost', 'note_limiter', 'note_rows', 'overdue', 'position', 'progress', 'queued', 'queued_lease_ms',
     'redeliver', 'result', 'result_json', 'seen', 'send', 'serve_cached', 'start', 'stopped', 'stored_result',

@@ -1,6 +1,7 @@
 """Ending: a call cancelled by its owner (and its work with its last open call), a work that won't run or
 won't run on (expired, revoked, stopped), and what follows every end of a work (`ended`)."""
 import logging
+from collections import Counter, defaultdict
 
 from django.db import transaction
 from django.db.models import F
@@ -8,10 +9,11 @@ from django.utils import timezone
 
 from capacity import counters
 from capacity.admission import lease_from_message
+from capacity.lease import release_and_end_all
 from workers import messages, notify, sharing
 from workers.celery import app
 from workers.lifecycle.reads import log_line
-from workers.lifecycle.transitions import move
+from workers.lifecycle.transitions import move, move_all
 from workers.models import OPEN_STATES, Call, ServedAs, State, Work
 
 logger = logging.getLogger('heavy_lanes')
@@ -77,6 +79,102 @@ def cancel_work(work, was):
         app.control.revoke(work.pk, terminate=(was == State.RUNNING), signal='SIGTERM')
     except Exception:  # noqa: BLE001 - the row says cancelled; a worker checks it before and while running
         logger.warning('Revoke of cancelled work %s not sent; its worker finds the row cancelled', work.pk)
+
+
+def cancel_all(calls):
+    """`cancel` for many calls at once (a client's run): {call id: the state its work was in} for the calls
+    it cancelled, each as `cancel` would, in one transaction of a few set-based statements under the works'
+    row locks, then one round trip for the leases, notices and claims of the works it cancelled, one pass
+    over each queue's messages and one revoke for all of them. A call whose work had ended, or that was
+    cancelled already, is left out. `calls` come with their work (select_related) or not: it is read anew.
+    """
+    by_work = defaultdict(list)
+    for call in calls:
+        by_work[call.work_id].append(call)
+    if not by_work:
+        return {}
+    now = timezone.now()
+    with transaction.atomic():
+        works = {work.pk: work for work in Work.objects.select_for_update().filter(
+            pk__in=list(by_work), state__in=OPEN_STATES).order_by('pk')}
+        open_ids = set(Call.objects.filter(pk__in=[call.pk for work_id in works for call in by_work[work_id]],
+                                           cancelled_at__isnull=True).values_list('pk', flat=True))
+        was, at, letting_go = {}, {}, Counter()
+        for work_id, work in works.items():
+            mine = [call for call in by_work[work_id] if call.pk in open_ids]
+            if not mine:
+                continue
+            # As `cancel`: a start another clock wrote later than this request's now is shown before the cancel.
+            at[work_id] = work.started_at if (work.state == State.RUNNING and work.started_at is not None
+                                              and work.started_at > now) else now
+            letting_go[work_id] = len(mine)
+            for call in mine:
+                was[call.pk] = work.state
+        by_time = defaultdict(list)
+        for work_id, moment in at.items():
+            by_time[moment].append(work_id)
+        for moment, work_ids in by_time.items():
+            Call.objects.filter(pk__in=[call.pk for work_id in work_ids for call in by_work[work_id]
+                                        if call.pk in was], cancelled_at__isnull=True).update(cancelled_at=moment)
+        last = [work_id for work_id, count in letting_go.items() if works[work_id].holders <= count]
+        for moment, work_ids in by_time.items():
+            move_all('cancel', [work_id for work_id in work_ids if work_id in last], finished_at=moment, holders=0)
+        staying = defaultdict(list)
+        for work_id, count in letting_go.items():
+            if work_id not in last:
+                staying[count].append(work_id)
+        for count, work_ids in staying.items():
+            Work.objects.filter(pk__in=work_ids).update(holders=F('holders') - count)
+    fresh = Work.objects.in_bulk(list(letting_go))
+    ended_on = Counter()
+    for work_id in letting_go:
+        for call in by_work[work_id]:
+            if call.pk in was:
+                call.cancelled_at, call.work = at[work_id], fresh[work_id]
+                ended_on[fresh[work_id].queue] += 1
+                log_line(call, fresh[work_id])
+    for queue, count in ended_on.items():
+        counters.record_end(queue, State.CANCELLED, count)
+    cancel_works([(fresh[work_id], works[work_id].state) for work_id in last])
+    for work_id in letting_go:
+        if work_id not in last:
+            notify.publish(work_id, State.CANCELLED)  # a bare wake-up, as `cancel`
+    return was
+
+
+def cancel_works(works):
+    """`cancel_work` for many (work, was) pairs: the queued ones' leases, notices and claims in one round
+    trip for all (capacity.lease.release_and_end_all), the queues' messages in one pass per queue, one revoke
+    for the queued ones and one for the running ones."""
+    queued, ends = defaultdict(list), []
+    for work, was in works:
+        if was == State.QUEUED:
+            ends.append((work, worker_lease(work), notify.notice(work.pk, State.CANCELLED),
+                         sharing.work_release(work)))
+            queued[work.queue].append(work.pk)
+        else:
+            notify.publish(work.pk, State.CANCELLED)
+            sharing.release_work(work)
+    sent = release_and_end_all([(lease, notice, release) for _, lease, notice, release in ends])
+    for (work, lease, _, _), published in zip(ends, sent):
+        if not published:
+            notify.publish(work.pk, State.CANCELLED)
+            sharing.release_work(work)
+        note_limiter(work, lease)
+    for queue, work_ids in queued.items():
+        try:
+            messages.discard_all(work_ids, queue)
+        except Exception as ex:  # noqa: BLE001 - the rows say cancelled; a worker that gets a message skips it
+            logger.warning('Messages of %d cancelled works left on %s (%s: %s); the sweep takes them out',
+                           len(work_ids), queue, type(ex).__name__, ex)
+    for terminate, ids in ((False, [work.pk for work, was in works if was == State.QUEUED]),
+                           (True, [work.pk for work, was in works if was == State.RUNNING])):
+        if not ids:
+            continue
+        try:
+            app.control.revoke(ids, terminate=terminate, signal='SIGTERM')
+        except Exception:  # noqa: BLE001 - the rows say cancelled; a worker checks them before and while running
+            logger.warning('Revoke of %d cancelled works not sent; their workers find the rows cancelled', len(ids))
 
 
 def taken_over(work, worker):

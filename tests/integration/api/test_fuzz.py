@@ -14,7 +14,9 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from schemathesis.checks import not_a_server_error
+from schemathesis.checks import (
+    content_type_conformance, not_a_server_error, response_headers_conformance, response_schema_conformance,
+)
 
 from api.wsgi import application
 from capacity.admission import log_record
@@ -26,6 +28,10 @@ pytestmark = pytest.mark.redis
 # tests (test_readiness.py) cover it.
 schema = schemathesis.openapi.from_wsgi('/schema/', application).exclude(path='/readyz')
 EXAMPLES = 30
+# No 5xx, and every answer with a documented status is what the schema says (its body, content type and
+# headers), so a client generated from the schema accepts it. (Statuses every endpoint may answer and the
+# schema leaves out, 401, 403, 404, 405, 415, are errors to such a client, as they should be.)
+CHECKS = [not_a_server_error, response_schema_conformance, content_type_conformance, response_headers_conformance]
 HAZARD_EXAMPLES = 40
 FUZZ = settings(max_examples=HAZARD_EXAMPLES, deadline=None, database=None,
                 suppress_health_check=list(HealthCheck))
@@ -44,7 +50,38 @@ def tokens(make_user, tiny_source, broker, lanes_redis, configure):
 @pytest.mark.parametrize('who', ['staff', 'user'])
 def test_no_input_gets_a_server_error(case, who, tokens, each_database):
     response = case.call(headers={'Authorization': f'Token {tokens[who]}'})
-    case.validate_response(response, checks=[not_a_server_error])
+    case.validate_response(response, checks=CHECKS)
+
+
+def conforming(path, method, token, **parts):
+    """The answer to the call of the schema's `path` and `method` made of `parts` (body, query, headers),
+    held to the schema as the fuzzing above holds generated calls."""
+    case = schema[path][method].Case(**parts)
+    response = case.call(headers={'Authorization': f'Token {token}'})
+    case.validate_response(response, checks=CHECKS)
+    return response
+
+
+def test_a_refusal_of_either_kind_is_an_answer_the_schema_describes(tokens, configure, monkeypatch, each_database):
+    from api.throttles import HeavyRateThrottle
+    configure(mode='enforce', enforce_for='all', es2_knn=1)  # es2_knn paused: every semantic call is refused
+    body = {'rows': [{'name': 'fever'}, {'name': 'cough'}], 'target_repo_url': SOURCE}  # bulk: no reserve
+    refused = conforming('/concepts/$match/', 'POST', tokens['user'], body=body, query={'semantic': 'true'})
+    assert refused.status_code == 429 and refused.json()['error_code'] == 'capacity_exceeded'
+    assert refused.json()['paused'] is True
+
+    monkeypatch.setitem(HeavyRateThrottle.THROTTLE_RATES, 'heavy', '1/min')
+    answers = [conforming('/concepts/$match/', 'POST', tokens['user'], body=body) for _ in range(2)]
+    assert [answer.status_code for answer in answers] == [200, 429]
+    assert answers[1].json()['error_code'] == 'rate_limited'  # no `scope`, no `paused`
+
+
+@pytest.mark.parametrize('endpoint', ['/concepts/$match/', '/concepts/$rerank/'])
+def test_a_heavy_call_takes_json_only_as_its_schema_says(endpoint, caller, each_database):
+    body = schema[endpoint]['POST'].definition.raw['requestBody']['content']
+    assert list(body) == ['application/json']
+    form = caller.post(endpoint, {'q': 'fever', 'target_repo_url': SOURCE}, format='multipart')
+    assert form.status_code == 415 and form.json()['error_code'] == 'unsupported_media_type'
 
 
 # --- hazards a schema can't generate

@@ -245,6 +245,18 @@ def test_unclaim_removes_a_claim_only_for_its_holder_and_can_leave_a_pointer(sto
         store.runner.operate(store.run_script, 'unclaim', [claim, pointer], ['call-2', -1])
 
 
+def test_keep_extends_a_claim_that_exists_and_can_shrink_what_it_holds(store, redis_client):
+    claim = work_claim_key('w9')
+    assert store.keep(claim, 60) is False and redis_client.exists(claim) == 0  # nothing to keep: none made
+    redis_client.set(claim, 'call-1', px=LEASE_MS)
+    assert store.keep(claim, 3600) is True
+    assert redis_client.get(claim) == b'call-1' and redis_client.ttl(claim) > 3500
+    assert store.keep(claim, 86400, '1') is True
+    assert redis_client.get(claim) == b'1' and redis_client.ttl(claim) > 86300
+    redis_client.delete(claim)
+    assert store.keep(claim, 60, '1') is False and redis_client.exists(claim) == 0
+
+
 def test_release_and_end_releases_announces_and_ends_the_work_in_one_round_trip(store, redis_client):
     keys = call_keys()
     claim, pointer = work_claim_key('w5'), warm_key('w5')
@@ -274,6 +286,31 @@ def test_release_and_end_releases_announces_and_ends_the_work_in_one_round_trip(
     listener.close()
     # Nothing left to release and no work: the notice alone (PUBLISH answers how many heard it).
     assert store.release_and_end([], 'call-1', notice=('notice-test', 'x')) == Ended(published=0)
+
+
+def test_release_and_end_all_ends_many_runs_in_one_round_trip(store, redis_client):
+    keys = call_keys()
+    claim = work_claim_key('w7')
+    for token in ('call-1', 'call-2'):
+        store.acquire(keys, [4, 4, 4], token, LEASE_MS, force=False)
+    redis_client.set(claim, 'call-2', px=LEASE_MS)
+    sent = []
+    real_pipeline = redis.client.Redis.pipeline
+
+    def counted(client, *args, **kwargs):
+        pipe = real_pipeline(client, *args, **kwargs)
+        real_execute = pipe.execute
+        pipe.execute = lambda **kw: sent.append(len(pipe.command_stack)) or real_execute(**kw)
+        return pipe
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(redis.client.Redis, 'pipeline', counted)
+        answers = store.release_and_end_all([
+            (keys, 'call-1', 0, None, ('notice-test', 'cancelled'), None),
+            (keys, 'call-2', 0, None, ('notice-test', 'cancelled'), (claim, 'call-2', warm_key('w7'), 0))])
+    assert sent == [5]  # both ends' commands in one pipeline
+    assert answers == [Ended(removed=3, published=0), Ended(removed=3, published=0, unclaimed=1)]
+    assert store.count(keys) == [0, 0, 0] and redis_client.get(claim) is None
+    assert store.release_and_end_all([]) == []
 
 
 def test_release_and_end_loads_a_script_redis_lost_and_reports_a_failed_step_alone(store, redis_client):
