@@ -19,11 +19,14 @@ logger = logging.getLogger('heavy_lanes')
 
 
 class Lease:
-    def __init__(self, keys, token, lease_ms, holding=True, store=None, acquired_ms=0):
+    def __init__(self, keys, token, lease_ms, holding=True, store=None, acquired_ms=0, within_limit=True):
         self.keys = list(keys)
         self.token = token
         self.lease_ms = int(lease_ms)
         self.acquired_ms = int(acquired_ms or 0)  # Redis's clock at the acquire: the hold is measured from it
+        # False for a call shadow mode let past a full lane: its hold (mostly a wait behind the other calls
+        # over the limit) is not what a refused caller waits for, so its release measures only its run.
+        self.within_limit = bool(within_limit)
         self.holding = holding  # False for a call that went ahead uncounted: there is nothing to renew
         self.store = store or get_store()
         self.lease_lost = False
@@ -73,9 +76,9 @@ class Lease:
     def release(self, keys=None, ran=None):
         """Remove this call's token from `keys` (default: all its lanes). Idempotent for the whole set.
 
-        The release measures how long each lane held it; `ran` = (queue, run_ms) also measures how long
-        the call ran on its queue (capacity.decisions and the poll hints read both). A release that doesn't
-        reach Redis is sent again once it answers (the store's).
+        The release measures how long each lane held it (a call within the limit only: `within_limit`);
+        `ran` = (queue, run_ms) also measures how long the call ran on its queue (capacity.decisions and the
+        poll hints read both). A release that doesn't reach Redis is sent again once it answers (the store's).
         """
         if keys is None:
             if self.released:
@@ -84,7 +87,8 @@ class Lease:
             keys = self.keys
         if not self.holding or not keys:
             return
-        self.note(self.store.release(list(keys), self.token, acquired_ms=self.acquired_ms, ran=ran))
+        self.note(self.store.release(list(keys), self.token, acquired_ms=self.acquired_ms, ran=ran,
+                                     within_limit=self.within_limit))
 
     def release_and_end(self, ran=None, notice=None, work=None):
         """`release` (all its lanes, once) with the end's other Redis commands in its round trip
@@ -94,7 +98,8 @@ class Lease:
         keys = self.keys if self.holding and not self.released else []
         self.released = True
         ended = self.store.release_and_end(keys, self.token, acquired_ms=self.acquired_ms,
-                                           ran=ran if keys else None, notice=notice, work=work)
+                                           ran=ran if keys else None, notice=notice, work=work,
+                                           within_limit=self.within_limit)
         if self.note(ended) and isinstance(ended.removed, Exception):
             self.error = failopen.describe(ended.removed)
         return bool(ended) and notice is not None and not isinstance(ended.published, Exception)
