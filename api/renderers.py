@@ -10,8 +10,9 @@ whole (the browsable API). DRF has no way to embed JSON text in a body, hence th
 
 A lexical `$match` answer is made in the request (concepts.services.MatchAnswer): one whose size could pass
 RESULT_SLICE_CHARACTERS is streamed an entry at a time (`streamed_list`), the same bytes as JSONRenderer
-renders the whole list, so an API process holds one entry, not the answer (a 29.5 MB answer took one from
-about 120 MB to 480 MB, and kept most of it: docs/benchmarks.md).
+renders the whole list, so an API process holds one entry, not the answer (16 answers of 29.5 MB at once,
+rendered whole, took the two API processes from 108 MB to 545 and 476 MB and they kept most of it; streamed,
+to 122 and 124 MB: docs/benchmarks.md).
 """
 from django.conf import settings
 from django.http import StreamingHttpResponse
