@@ -57,6 +57,7 @@ bench: $(STAMP)
 	$(PY) bench/latency.py
 	$(PY) bench/quality.py
 	$(PY) bench/answer_memory.py
+	$(PY) bench/answer_memory.py --case lexical --echo-bytes 67108864
 	$(PY) bench/flood.py
 	$(PY) bench/flood_cpu.py
 

@@ -7,6 +7,12 @@ answer (the largest MAX_ANSWER_BYTES admits) took an API process hundreds of MB 
 body, one slice read from the database at a time (StreamingHttpResponse; no Content-Length, so chunked);
 a shorter one goes out whole, written verbatim by `JSONRenderer`, as it is wherever such a body is rendered
 whole (the browsable API). DRF has no way to embed JSON text in a body, hence these.
+
+A lexical `$match` answer is made in the request (concepts.services.MatchAnswer): one whose size could pass
+RESULT_SLICE_CHARACTERS is streamed an entry at a time (`streamed_list`), the same bytes as JSONRenderer
+renders the whole list, so an API process holds one entry, not the answer (16 answers of 29.5 MB at once,
+rendered whole, took the two API processes from 108 MB to 545 and 476 MB and they kept most of it; streamed,
+to 122 and 124 MB: docs/benchmarks.md).
 """
 from django.conf import settings
 from django.http import StreamingHttpResponse
@@ -25,6 +31,50 @@ def split(data):
         head = renderers.JSONRenderer().render(rest)
         return head[:-1] + (b',' if rest else b'') + b'"result":', data['result'], b'}'
     return None
+
+
+STREAM_CHUNK_BYTES = 64 * 1024  # entries are sent in pieces of at least this much (fewer, larger writes)
+
+
+def streamed_list(items, echoed=()):
+    """The bytes of the JSON list of the dicts `items`, exactly as JSONRenderer renders the list whole, in
+    pieces of about STREAM_CHUNK_BYTES, each item rendered as it comes. A value under a key of `echoed`
+    is rendered once for as long as items carry the same object there (OCL's `$match` echoes `map_config`
+    and `filter` in every entry)."""
+    render = renderers.JSONRenderer().render
+
+    def rendered(value):
+        return render(value) if value is not None else b'null'  # JSONRenderer renders None as no body
+    known = {}  # key -> (the value, its bytes)
+    piece = bytearray(b'[')
+    for number, item in enumerate(items):
+        if number:
+            piece += b','
+        piece += b'{'
+        for index, (key, value) in enumerate(item.items()):
+            if key in echoed:
+                if key not in known or known[key][0] is not value:
+                    known[key] = (value, rendered(value))
+                text = known[key][1]
+            else:
+                text = rendered(value)
+            piece += (b',' if index else b'') + rendered(key) + b':' + text
+        piece += b'}'
+        if len(piece) >= STREAM_CHUNK_BYTES:
+            yield bytes(piece)
+            piece.clear()
+    piece += b']'
+    yield bytes(piece)
+
+
+def list_response(items, most_bytes, request, echoed=()):
+    """The 200 of a JSON list made as it is read (`items`, an iterable of dicts): streamed when it could
+    take more than RESULT_SLICE_CHARACTERS bytes (`most_bytes`, an upper bound) and the client takes JSON,
+    else rendered whole (with its Content-Length), as any answer."""
+    if most_bytes <= settings.RESULT_SLICE_CHARACTERS or not isinstance(
+            getattr(request, 'accepted_renderer', None), JSONRenderer):
+        return Response(list(items))
+    return StreamingHttpResponse(streamed_list(items, echoed), content_type='application/json')
 
 
 def encoded(before, stored, after):

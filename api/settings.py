@@ -92,6 +92,8 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
 # it is admitted (concepts.bounds, docs/api.md "Answer bounds").
 MAX_MATCH_CANDIDATES = env_int('MAX_MATCH_CANDIDATES', 10_000)
 MAX_ANSWER_BYTES = env_int('MAX_ANSWER_BYTES', 32 * 1024 * 1024)
+# The part of a $match answer that echoes the body's map_config and filter in every row (rows x their size).
+MAX_ECHO_BYTES = env_int('MAX_ECHO_BYTES', 4 * 1024 * 1024)
 # A stored answer longer than this is read from the database and sent in slices of it (api.renderers). Each
 # slice is one query whose cost grows with its offset (PostgreSQL finds a character offset in a compressed
 # text by decompressing up to it): 4 MiB reads a 32 MB answer in 8 (bench/answer_memory.py, docs/benchmarks.md).

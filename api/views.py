@@ -19,7 +19,7 @@ from rest_framework.views import APIView
 from api import errors, prefer
 from api.params import whole_param
 from api.parsers import StrictJSONParser
-from api.renderers import StreamsStoredResults
+from api.renderers import StreamsStoredResults, list_response
 from api.schema import (ERROR, HEAVY_PARAMETERS, HEAVY_RESPONSES, MATCH_ENTRY, NUM_RETURNED, POLL_HINT,
                         RERANKED_ROWS, TASK, response_header)
 from api.throttles import HeavyRateThrottle
@@ -304,9 +304,13 @@ class MatchView(HeavyCallView):
         semantic = request.query_params.get('semantic', '').lower() in TRUTHY
         reranker = request.query_params.get('reranker', '').lower() in TRUTHY
         if not semantic and not reranker:
-            # Lexical without rerank is cheap: no gate, no queue, no capacity headers.
+            # Lexical without rerank is cheap: no gate, no queue, no capacity headers. Its answer is made
+            # as it is sent (streamed when large), so the process never holds it whole.
             self.check_rate_limits()
-            return with_count(Response(service.run_match(payload, semantic=False, reranker=False)))
+            answer = service.match_answer(payload, semantic=False, reranker=False)
+            response = list_response(answer, answer.most_bytes(), request, echoed=('map_config', 'filter'))
+            response['num_returned'] = str(answer.count)
+            return response
         return self.submit(request, payload, semantic, reranker)
 
 

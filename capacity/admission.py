@@ -18,6 +18,9 @@ from capacity.constants import (
 from capacity.lease import Lease
 from common.ratelimit import CONCURRENT, Quota
 
+# What a call's message carries of its worker leases (Admission.worker_lease_message, lease_from_message).
+LEASE_MESSAGE_KEYS = ('keys', 'token', 'holding', 'acquired_ms', 'within_limit')
+
 
 @dataclass(frozen=True)
 class LaneState:
@@ -81,6 +84,11 @@ class Admission:
         return scope is not None and self.limits.get(scope) == 0
 
     @property
+    def within_limit(self):
+        """Whether its leases were taken within every lane's limit, so their release measures the holds."""
+        return decisions.holds_measured(self.decision)
+
+    @property
     def host_key(self):
         """The key of this API host's lane when the call holds one (it waits in the request), else None."""
         return next((state.key for state in self.lanes if state.lane == Lane.API_HEAVY_TASK), None)
@@ -93,7 +101,7 @@ class Admission:
     def lease(self, store=None):
         """The leases this admission took, as the API holds them."""
         return Lease(self.keys, self.token, self.lease_ms, holding=self.holding, store=store,
-                     acquired_ms=self.acquired_ms)
+                     acquired_ms=self.acquired_ms, within_limit=self.within_limit)
 
     def worker_lanes(self):
         """The lanes a worker renews and releases: all but this API host's lane."""
@@ -101,13 +109,13 @@ class Admission:
 
     def worker_lease(self, lease_ms, store=None):
         return Lease([state.key for state in self.worker_lanes()], self.token, lease_ms, holding=self.holding,
-                     store=store, acquired_ms=self.acquired_ms)
+                     store=store, acquired_ms=self.acquired_ms, within_limit=self.within_limit)
 
     def worker_lease_message(self):
         """The worker's leases as the call's message carries them (workers.lifecycle.create.send), so a
         worker can renew them before it reads the call's row: `lease_from_message`."""
         return {'keys': [state.key for state in self.worker_lanes()], 'token': self.token,
-                'holding': self.holding, 'acquired_ms': self.acquired_ms}
+                'holding': self.holding, 'acquired_ms': self.acquired_ms, 'within_limit': self.within_limit}
 
     def worker_limits(self):
         return [state.limit for state in self.worker_lanes()]
@@ -256,10 +264,13 @@ def log_record(admission, host=''):
 
 
 def lease_from_message(data, lease_ms, store=None):
-    """The Lease of `Admission.worker_lease_message`'s `data`, or None when `data` isn't one."""
+    """The Lease of `Admission.worker_lease_message`'s `data`, or None when `data` isn't one. A message
+    without `within_limit` (written before it was carried) measures its holds, as it did then."""
     try:
         keys, token = [str(key) for key in data['keys']], str(data['token'])
         holding, acquired_ms = bool(data['holding']), int(data.get('acquired_ms') or 0)
+        within_limit = bool(data.get('within_limit', True))
     except (TypeError, KeyError, ValueError):
         return None
-    return Lease(keys, token, lease_ms, holding=holding, store=store, acquired_ms=acquired_ms)
+    return Lease(keys, token, lease_ms, holding=holding, store=store, acquired_ms=acquired_ms,
+                 within_limit=within_limit)

@@ -107,6 +107,15 @@ def decide(lanes, before, taken):
     return (Decision.SHADOW_REFUSED if taken else Decision.REFUSED), full
 
 
+def holds_measured(decision):
+    """Whether the release of a call with `decision` feeds the lanes' measured holds (what retry_after
+    reads). Only an admitted call held its slots within every lane's limit: a refused caller waits for such
+    a call to end. A call shadow mode let past a full lane waits behind the others over the limit, so its
+    hold is mostly that wait (after a shadow burst, 32 s for a 375 ms run); an unavailable one was never
+    counted, or not known to be within the limit."""
+    return decision == Decision.ADMITTED
+
+
 def limits_of(lanes):
     return {item.lane: item.limit for item in lanes}
 

@@ -19,11 +19,14 @@ logger = logging.getLogger('heavy_lanes')
 
 
 class Lease:
-    def __init__(self, keys, token, lease_ms, holding=True, store=None, acquired_ms=0):
+    def __init__(self, keys, token, lease_ms, holding=True, store=None, acquired_ms=0, within_limit=True):
         self.keys = list(keys)
         self.token = token
         self.lease_ms = int(lease_ms)
         self.acquired_ms = int(acquired_ms or 0)  # Redis's clock at the acquire: the hold is measured from it
+        # False for a call shadow mode let past a full lane: its hold (mostly a wait behind the other calls
+        # over the limit) is not what a refused caller waits for, so its release measures only its run.
+        self.within_limit = bool(within_limit)
         self.holding = holding  # False for a call that went ahead uncounted: there is nothing to renew
         self.store = store or get_store()
         self.lease_lost = False
@@ -73,9 +76,9 @@ class Lease:
     def release(self, keys=None, ran=None):
         """Remove this call's token from `keys` (default: all its lanes). Idempotent for the whole set.
 
-        The release measures how long each lane held it; `ran` = (queue, run_ms) also measures how long
-        the call ran on its queue (capacity.decisions and the poll hints read both). A release that doesn't
-        reach Redis is sent again once it answers (the store's).
+        The release measures how long each lane held it (a call within the limit only: `within_limit`);
+        `ran` = (queue, run_ms) also measures how long the call ran on its queue (capacity.decisions and the
+        poll hints read both). A release that doesn't reach Redis is sent again once it answers (the store's).
         """
         if keys is None:
             if self.released:
@@ -84,23 +87,26 @@ class Lease:
             keys = self.keys
         if not self.holding or not keys:
             return
-        self.note(self.store.release(list(keys), self.token, acquired_ms=self.acquired_ms, ran=ran))
+        self.note(self.store.release(list(keys), self.token, acquired_ms=self.acquired_ms, ran=ran,
+                                     within_limit=self.within_limit))
 
     def release_and_end(self, ran=None, notice=None, work=None):
         """`release` (all its lanes, once) with the end's other Redis commands in its round trip
         (LaneStore.release_and_end): the completion notice, (channel, message), and a work's claim given up,
         (claim key, token, warm key, warm ms). Returns whether the notice went out; a notice that didn't is
         the caller's to send."""
-        keys, token, acquired_ms, ran, notice, work = self.end_step(ran, notice, work)
-        ended = self.store.release_and_end(keys, token, acquired_ms=acquired_ms, ran=ran, notice=notice, work=work)
+        keys, token, acquired_ms, ran, notice, work, within_limit = self.end_step(ran, notice, work)
+        ended = self.store.release_and_end(keys, token, acquired_ms=acquired_ms, ran=ran, notice=notice, work=work,
+                                           within_limit=within_limit)
         return self.ended(ended, notice)
 
     def end_step(self, ran=None, notice=None, work=None):
         """This lease's part of a round trip of many ends (`release_and_end_all`): (keys, token,
-        acquired_ms, ran, notice, work), as `release_and_end` sends it; the lease counts as released."""
+        acquired_ms, ran, notice, work, within_limit), as `release_and_end` sends it; the lease counts as
+        released."""
         keys = self.keys if self.holding and not self.released else []
         self.released = True
-        return keys, self.token, self.acquired_ms, ran if keys else None, notice, work
+        return keys, self.token, self.acquired_ms, ran if keys else None, notice, work, self.within_limit
 
     def ended(self, ended, notice=None):
         """Keep what this lease's end in `release_and_end_all` met; whether its notice went out."""

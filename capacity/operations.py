@@ -47,10 +47,11 @@ def read_script(name):
     return importlib.resources.files('capacity').joinpath('lua', f'{name}.lua').read_text(encoding='utf-8')
 
 
-def release_call(keys, token, acquired_ms, ran):
+def release_call(keys, token, acquired_ms, ran, within_limit=True):
     """The release script's keys and arguments (capacity/lua/release.lua)."""
     field_name, run_ms = (run_field(ran[0]), max(int(ran[1]), 0)) if ran is not None else ('', 0)
-    args = [token, int(acquired_ms or 0), HOLD_WEIGHT, field_name, run_ms, *(hold_field(key) for key in keys)]
+    args = [token, int(acquired_ms or 0), '1' if within_limit else '0', HOLD_WEIGHT, field_name, run_ms,
+            *(hold_field(key) for key in keys)]
     return [*keys, holds_key()], args
 
 
@@ -218,44 +219,46 @@ class Operations:
             raise BadCall('renew needs at least one key')
         return int(self._script('renew', keys, [token, int(lease_ms)]))
 
-    def release(self, keys, token, acquired_ms=0, ran=None):
+    def release(self, keys, token, acquired_ms=0, ran=None, within_limit=True):
         """Remove the leases of `token`; return how many were removed (0 on a second release).
 
         With `acquired_ms` (Redis's clock at the acquire, Acquired.acquired_ms), each lane whose lease this
-        removed measures how long it was held; with `ran` (queue, run_ms), the queue measures how long the
-        call ran. Both in the release's own script: no round trip of their own.
+        removed measures how long it was held, unless the call went past a lane's limit (`within_limit`
+        False: shadow mode let it run; capacity.decisions.holds_measured); with `ran` (queue, run_ms), the
+        queue measures how long the call ran. All in the release's own script: no round trip of their own.
         """
         keys = list(keys)
         if not keys and ran is None:
             return 0
-        return int(self._script('release', *release_call(keys, token, acquired_ms, ran)))
+        return int(self._script('release', *release_call(keys, token, acquired_ms, ran, within_limit)))
 
-    def release_and_end(self, keys, token, acquired_ms=0, ran=None, notice=None, work=None):
+    def release_and_end(self, keys, token, acquired_ms=0, ran=None, notice=None, work=None, within_limit=True):
         """A run's end in one round trip: `release`, then PUBLISH `notice` ((channel, message)) when given,
         then `unclaim(*work)` when given ((claim key, token, pointer key, pointer ms): the work's claim
         given up and its warm pointer set), pipelined, so the pool process waits on Redis once where it
         waited three times (docs/benchmarks.md, section 10). An Ended: an error in one step doesn't undo the
         others. The pipeline failing as a whole (no answer in time) raises, and then any of them may have
         run."""
-        return self.runner.operate(self._run_end, list(keys), token, acquired_ms, ran, notice, work)
+        return self.runner.operate(self._run_end, list(keys), token, acquired_ms, ran, notice, work, within_limit)
 
     def release_and_end_all(self, ends):
         """`release_and_end` for many runs' ends in one round trip: `ends` are (keys, token, acquired_ms, ran,
-        notice, work) each; an Ended each, in their order (a client's run cancelled: workers.lifecycle)."""
+        notice, work, within_limit) each; an Ended each, in their order (a client's run cancelled:
+        workers.lifecycle)."""
         return self.runner.operate(self._run_ends, [(list(keys), *rest) for keys, *rest in ends])
 
-    def _run_end(self, client, keys, token, acquired_ms, ran, notice, work):
+    def _run_end(self, client, keys, token, acquired_ms, ran, notice, work, within_limit=True):
         """The pipeline of `release_and_end` on `client`."""
-        return self._run_ends(client, [(keys, token, acquired_ms, ran, notice, work)])[0]
+        return self._run_ends(client, [(keys, token, acquired_ms, ran, notice, work, within_limit)])[0]
 
     def _run_ends(self, client, ends):
         """One pipeline of every end's steps on `client`. EVALSHA alone: a script Redis doesn't have (after a
         restart or SCRIPT FLUSH) is run again on its own, which loads it (a second round trip, rarely)."""
         everyone = []  # per end: what -> (script name or None, keys, args), in the pipeline's order
-        for keys, token, acquired_ms, ran, notice, work in ends:
+        for keys, token, acquired_ms, ran, notice, work, within_limit in ends:
             steps = {}
             if keys or ran is not None:
-                steps['removed'] = ('release', *release_call(keys, token, acquired_ms, ran))
+                steps['removed'] = ('release', *release_call(keys, token, acquired_ms, ran, within_limit))
             if notice is not None:
                 steps['published'] = (None, [], list(notice))
             if work is not None:

@@ -181,16 +181,17 @@ class LaneStore:
         return self.ops.renew(keys, token, lease_ms)
 
     @verb('release', undo=RELEASE_LATER)
-    def release(self, keys, token, acquired_ms=0, ran=None):
-        """Remove the leases of `token` (measuring each lane's hold and, with `ran`, the run); how many."""
-        return self.ops.release(keys, token, acquired_ms, ran)
+    def release(self, keys, token, acquired_ms=0, ran=None, within_limit=True):
+        """Remove the leases of `token` (measuring each lane's hold when `within_limit` and, with `ran`, the
+        run); how many."""
+        return self.ops.release(keys, token, acquired_ms, ran, within_limit)
 
     @verb('release', undo=RELEASE_LATER)
-    def release_and_end(self, keys, token, acquired_ms=0, ran=None, notice=None, work=None):
+    def release_and_end(self, keys, token, acquired_ms=0, ran=None, notice=None, work=None, within_limit=True):
         """A run's end in one round trip (capacity.operations.Operations.release_and_end): an Ended. A
         release that failed alone is sent again later, as any release; a notice that didn't go is the
         caller's to send."""
-        ended = self.ops.release_and_end(keys, token, acquired_ms, ran, notice, work)
+        ended = self.ops.release_and_end(keys, token, acquired_ms, ran, notice, work, within_limit)
         if isinstance(ended.removed, Exception):
             failopen.record(ended.removed, 'release', self)
             self.releases.defer(keys, token)
@@ -198,8 +199,8 @@ class LaneStore:
 
     @verb('release', undo=RELEASE_ALL_LATER)
     def release_and_end_all(self, ends):
-        """`release_and_end` for many ends ((keys, token, acquired_ms, ran, notice, work) each) in one round
-        trip: an Ended each, in order. A release that failed alone is sent again later, as any release."""
+        """`release_and_end` for many ends ((keys, token, acquired_ms, ran, notice, work, within_limit) each) in
+        one round trip: an Ended each, in order. A release that failed alone is sent again later, as any release."""
         ended = self.ops.release_and_end_all(ends)
         for (keys, token, *_), one in zip(ends, ended):
             if isinstance(one.removed, Exception):

@@ -1,7 +1,7 @@
 """How big an answer can get, checked before the call is admitted: a body whose answer could pass a bound
 is a 400 naming the bound and its value, so nothing admitted can outgrow it.
 
-Two bounds, both Django settings (from the environment):
+Three bounds, all Django settings (from the environment):
 
 - ``MAX_MATCH_CANDIDATES`` (10,000): the candidates a `$match` answer can hold, rows × the candidates a row
   can get (``limit``, at most the source's concepts after ``offset``). OCL bounds neither: its `$match`
@@ -14,6 +14,10 @@ Two bounds, both Django settings (from the environment):
   each at most the source's largest: its biggest concept rendered as the answer renders it (``verbose``
   or not), with every word of its name and of its longest name or synonym highlighted and the longest
   numbers. A `$rerank` answer is its rows, each with a score added.
+- ``MAX_ECHO_BYTES`` (4 MiB): the bytes a `$match` answer spends echoing the body's ``map_config`` and
+  ``filter``, rows × their rendered size. OCL echoes both, as sent, in every row's entry; a body of 57 KB
+  (1,000 rows and a 29 KB ``map_config``) made a 29.5 MB answer, 500 times its size. The OCL Mapper's
+  calls echo a few hundred bytes a row.
 
 The estimate is an upper bound, not a guess: the echoes are measured, and no candidate can render larger
 than its source's largest (measured once per source version and process, `candidate_sizes`). It is
@@ -123,6 +127,12 @@ def check_match(body, params, sizes):
         message = (f'{rows} rows x {per_row} candidates each (limit {params["limit"]}) can answer {rows * per_row} '
                    f'candidates; the bound MAX_MATCH_CANDIDATES is {most} a call: send fewer rows or a lower limit.')
         raise ValidationError({'rows': [message]})
+    echoed = rows * (rendered_bytes(body['map_config']) + rendered_bytes(body['filter']))
+    if echoed > settings.MAX_ECHO_BYTES:
+        raise ValidationError({'rows': [
+            f'{rows} rows would echo map_config and filter in {echoed} bytes; the bound MAX_ECHO_BYTES is '
+            f'{settings.MAX_ECHO_BYTES} bytes a call: send fewer rows or a smaller map_config and filter '
+            '(each row\'s entry echoes them).']})
     _check_bytes(match_answer_bytes(body, params, sizes), 'send fewer rows, a lower limit, no verbose, or a '
                  'smaller map_config and filter (each row\'s entry echoes them)')
 

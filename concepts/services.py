@@ -27,6 +27,11 @@ Plain functions of JSON-ready values; nothing here knows about lanes, capacity o
     retrieves ``max(start + limit, pipeline.RERANK_DEPTH)`` candidates and rescores them with the reranker
     (``CONCEPTS_RERANKER``; scores in [0, 1]).
 
+``match_answer(payload, semantic: bool, reranker: bool) -> MatchAnswer``
+    The same answer, matched (every row ranked) but with its entries made one at a time as it is iterated,
+    so whoever sends it never holds it whole (the API streams a lexical answer: api.renderers); its
+    ``count`` of candidates and an upper bound of its size (``most_bytes()``) are known before.
+
 ``run_rerank(body) -> list``
     Validate, then score each row's ``name_key`` text against ``q``: OCL's answer, the rows best first,
     each with its score set (concepts.ocl.scored_row); equal scores keep their input order.
@@ -292,8 +297,56 @@ def chunks(total):
 
 
 def run_match(payload, semantic, reranker, progress=None):
-    """OCL's `$match` answer for a validated payload. `progress(rows_done, rows_total)`, when given, is
-    called as the rows are matched, a chunk at a time."""
+    """OCL's `$match` answer for a validated payload, as a list. `progress(rows_done, rows_total)`, when
+    given, is called as the rows are matched, a chunk at a time."""
+    return list(match_answer(payload, semantic, reranker, progress))
+
+
+class MatchAnswer:
+    """OCL's `$match` answer to one payload with every row ranked, its entries made as it is iterated.
+
+    An entry holds its row's candidates, each a dict of a kilobyte or more, and echoes the body's
+    `map_config` and `filter` (the same objects in every entry): made one at a time, the answer is never
+    in memory whole, whatever its size as sent (up to MAX_ANSWER_BYTES).
+    """
+
+    def __init__(self, source, body, params, queries, ranked, table, semantic, reranked):
+        self.source, self.body, self.params = source, body, params
+        self.queries, self.table = queries, table
+        self.semantic, self.reranked = semantic, reranked
+        start, limit = params['start'], params['limit']
+        # The hits each row answers with, known now so the count is (OCL's num_returned header goes first).
+        self.kept = [[hit for hit in hits[start:start + limit] if self._kept(query, hit)]
+                     for query, hits in zip(queries, ranked)]
+        self.count = sum(len(hits) for hits in self.kept)
+
+    def _kept(self, query, hit):
+        if not self.params['best_match']:
+            return True
+        matched = self.table.texts[hit.entry]
+        normalized = ocl.normalized_score(query, matched, hit.score, self.semantic, self.reranked)
+        return ocl.match_type(normalized, self.params['limit']) in ocl.BEST_MATCH_TYPES
+
+    def most_bytes(self):
+        """The most bytes the answer can take rendered (concepts.bounds: measured once per source version
+        and process, so call it where the bounds were checked: in the API)."""
+        return bounds.match_answer_bytes(self.body, self.params, bounds.candidate_sizes(self.source))
+
+    def __iter__(self):
+        body, table, limit = self.body, self.table, self.params['limit']
+        for row, query, hits in zip(body['rows'], self.queries, self.kept):
+            results = []
+            for hit in hits:
+                name, matched = table.name(hit.concept), table.texts[hit.entry]
+                meta = ocl.search_meta(query, name, matched, hit.score, self.semantic, self.reranked, limit)
+                results.append(ocl.concept(self.source, table.codes[hit.concept], name, table.classes[hit.concept],
+                                           table.entries(hit.concept), meta, self.params['verbose']))
+            yield {'row': row, 'results': results, 'map_config': body['map_config'], 'filter': body['filter']}
+
+
+def match_answer(payload, semantic, reranker, progress=None):
+    """The MatchAnswer of a validated payload: validated again, every row ranked; `progress` as in
+    run_match."""
     payload, source = validate_payload(payload)  # again: a worker runs later than the view that validated
     body, params = payload['body'], payload['params']
     limit, start = params['limit'], params['start']
@@ -308,21 +361,7 @@ def run_match(payload, semantic, reranker, progress=None):
         for first, end in chunks(len(queries)):
             ranked.extend(match(index, queries[first:end], start + limit, scorer))
             progress(end, len(queries))
-    table = index.table
-
-    answer = []
-    for row, query, hits in zip(body['rows'], queries, ranked):
-        results = []
-        for hit in hits[start:start + limit]:
-            name, matched = table.name(hit.concept), table.texts[hit.entry]
-            meta = ocl.search_meta(query, name, matched, hit.score, semantic, scorer is not None, limit)
-            if params['best_match'] and meta['match_type'] not in ocl.BEST_MATCH_TYPES:
-                continue
-            results.append(ocl.concept(source, table.codes[hit.concept], name, table.classes[hit.concept],
-                                       table.entries(hit.concept), meta, params['verbose']))
-        answer.append({'row': row, 'results': results, 'map_config': body['map_config'],
-                       'filter': body['filter']})
-    return answer
+    return MatchAnswer(source, body, params, queries, ranked, index.table, semantic, scorer is not None)
 
 
 def _match_reranker(source, index):

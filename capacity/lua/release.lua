@@ -8,16 +8,20 @@
 -- KEYS[n+1]   the hold-time hash (acquire.lua reads it when a lane is full)
 -- ARGV[1]     token        lease token (the task id)
 -- ARGV[2]     acquired_ms  epoch ms by Redis's clock when the leases were taken (acquire's now_ms); 0 when
---                          unknown (a release sent late), and then nothing is measured
--- ARGV[3]     weight       the newest sample's weight in each mean, 0 < weight <= 1 (the first samples
+--                          unknown (a release sent late), and then no hold is measured
+-- ARGV[3]     within_limit '1' when the call took its leases within every lane's limit (admitted); '0' when
+--                          shadow mode let it past a full lane, and then no hold is measured: its hold is
+--                          mostly its wait behind the other calls over the limit, which a refused caller
+--                          never waits for (Retry-After is computed from these holds). Its run is measured.
+-- ARGV[4]     weight       the newest sample's weight in each mean, 0 < weight <= 1 (the first samples
 --                          weigh 1/count, so a mean starts as the plain average)
--- ARGV[4]     run_field    the hash field of the call's queue run time; '' when it didn't run here
--- ARGV[5]     run_ms       how long the call ran, ms (with run_field)
--- ARGV[6..]   field_i      lane i's field in the hash, one per lane key, in KEYS order
+-- ARGV[5]     run_field    the hash field of the call's queue run time; '' when it didn't run here
+-- ARGV[6]     run_ms       how long the call ran, ms (with run_field)
+-- ARGV[7..]   field_i      lane i's field in the hash, one per lane key, in KEYS order
 --
 -- Returns how many leases it removed (0..n). Only this token's leases go, expired or not, so releasing
 -- twice is harmless and the second release returns 0 (and measures nothing again). A lane's hold is
--- measured only when its lease was removed here: now_ms - acquired_ms.
+-- measured only when its lease was removed here and the call was within the limit: now_ms - acquired_ms.
 
 -- prelude (identical in every script that reads the clock)
 if redis.replicate_commands then redis.replicate_commands() end  -- TIME is non-deterministic
@@ -34,14 +38,16 @@ local lanes = #KEYS - 1
 local holds_key = KEYS[#KEYS]
 local token = ARGV[1]
 local acquired_ms = tonumber(ARGV[2])
-local weight = tonumber(ARGV[3])
-local run_field = ARGV[4]
-local run_ms = tonumber(ARGV[5])
-if lanes < 0 or #ARGV ~= 5 + lanes or not acquired_ms or not weight or weight <= 0 or weight > 1
-    or not run_ms then
+local within_limit = ARGV[3]
+local weight = tonumber(ARGV[4])
+local run_field = ARGV[5]
+local run_ms = tonumber(ARGV[6])
+if lanes < 0 or #ARGV ~= 6 + lanes or not acquired_ms or (within_limit ~= '1' and within_limit ~= '0')
+    or not weight or weight <= 0 or weight > 1 or not run_ms then
   return redis.error_reply('release: expected KEYS lanes..., holds and ARGV token, acquired_ms, '
-    .. '0 < weight <= 1, run_field, run_ms, one hold field per lane')
+    .. "within_limit '1' or '0', 0 < weight <= 1, run_field, run_ms, one hold field per lane")
 end
+local measure_holds = acquired_ms > 0 and within_limit == '1'
 
 local function observe(field, sample_ms)
   local count = redis.call('HINCRBY', holds_key, field .. '|n', 1)
@@ -59,8 +65,8 @@ local removed = 0
 for i = 1, lanes do
   local gone = redis.call('ZREM', KEYS[i], token)
   removed = removed + gone
-  if gone == 1 and acquired_ms > 0 then
-    observe(ARGV[5 + i], math.max(now_ms - acquired_ms, 0))
+  if gone == 1 and measure_holds then
+    observe(ARGV[6 + i], math.max(now_ms - acquired_ms, 0))
   end
 end
 if run_field ~= '' and run_ms >= 0 then

@@ -6,6 +6,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from capacity import counters
+from capacity.admission import LEASE_MESSAGE_KEYS
 from capacity.config import get_config, time_limits
 from workers import publisher
 from workers.celery import LEASES_HEADER, TASK_NAME, app
@@ -35,8 +36,7 @@ def send(work, expires=True, request_id=''):
     limits = time_limits(get_config())
     headers = {'request_id': request_id or None}
     if expires:
-        headers[LEASES_HEADER] = {key: work.lease[key] for key in ('keys', 'token', 'holding', 'acquired_ms')
-                                  if key in work.lease}
+        headers[LEASES_HEADER] = {key: work.lease[key] for key in LEASE_MESSAGE_KEYS if key in work.lease}
     publisher.publish(app.send_task, TASK_NAME, args=[work.pk], task_id=work.pk, queue=work.queue,
                       expires=work.expires_at if expires else None, priority=work.priority,
                       soft_time_limit=limits.soft, time_limit=limits.hard, headers=headers)

@@ -66,6 +66,23 @@ def test_an_answer_that_could_pass_the_byte_bound_is_a_400_naming_it(settings, m
     assert 'MAX_ANSWER_BYTES is 200000 bytes' in message and 'map_config' in message
 
 
+@pytest.mark.parametrize('query', ['', 'semantic=true'])  # in the request, and queued
+def test_a_body_whose_answer_would_echo_more_than_the_bound_is_a_400_naming_it(
+        query, settings, make_user, api_as, tiny_source, lanes_redis, broker):
+    # The body: 57 KB whose answer echoed its 29 KB map_config on each of 1,000 rows (29.5 MB).
+    body = {'rows': rows(1000), 'target_repo_url': SOURCE, 'map_config': [{'target': 'x' * 29_000}]}
+    user = make_user()
+    refused = match(api_as(user), body, query)
+    assert refused.status_code == 400, refused.status_code
+    message, = refused.json()['detail']['rows']
+    assert message.startswith('1000 rows would echo map_config and filter in 29017000 bytes; the bound '
+                              'MAX_ECHO_BYTES is 4194304 bytes a call'), message
+    assert lanes_redis.zcard(lane_key(Lane.USER, user.pk)) == 0 and not Call.objects.exists()
+    # A map_config of 4 KB on as many rows is what the bound lets through.
+    body['map_config'] = [{'target': 'x' * 4000}]
+    assert match(api_as(user), body, query).status_code in (200, 202)
+
+
 def test_a_rerank_answer_is_bounded_too(settings, make_user, api_as, lanes_redis, broker, db):
     settings.MAX_ANSWER_BYTES = 50_000
     client = api_as(make_user())

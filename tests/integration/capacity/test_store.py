@@ -220,6 +220,19 @@ def test_a_release_without_an_acquire_time_measures_no_hold_and_a_run_is_per_que
     assert hold_field(keys[0]) == 'api_heavy'
 
 
+def test_a_release_of_a_call_over_the_limit_measures_its_run_but_no_hold(store, redis_client):
+    keys = call_keys()
+    store.acquire(keys, [1, 1, 1], 'admitted', LEASE_MS, force=False)
+    over = store.acquire(keys, [1, 1, 1], 'over', LEASE_MS, force=True)  # shadow mode lets it past
+    now = redis_now_ms(redis_client)
+    assert store.release(keys, 'over', acquired_ms=now - 30_000, ran=('es2_knn', 400), within_limit=False) == 3
+    assert store.holds() == {run_field('es2_knn'): 400}  # its 30 s were a wait no refused caller makes
+    assert over.acquired_ms > 0 and store.release(keys, 'admitted', acquired_ms=now - 500) == 3
+    assert {field: hold for field, hold in store.holds().items() if field != run_field('es2_knn')} == {
+        'api_heavy': pytest.approx(500, abs=25), 'tier:preview': pytest.approx(500, abs=25),
+        'user': pytest.approx(500, abs=25)}
+
+
 def test_an_acquire_that_finds_a_lane_full_reads_every_lanes_mean_hold(store, redis_client):
     cluster, user = lane_key(Lane.API_HEAVY), lane_key(Lane.USER, 42)
     redis_client.hset(holds_key(), mapping={'api_heavy': 2500})
@@ -305,8 +318,8 @@ def test_release_and_end_all_ends_many_runs_in_one_round_trip(store, redis_clien
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(redis.client.Redis, 'pipeline', counted)
         answers = store.release_and_end_all([
-            (keys, 'call-1', 0, None, ('notice-test', 'cancelled'), None),
-            (keys, 'call-2', 0, None, ('notice-test', 'cancelled'), (claim, 'call-2', warm_key('w7'), 0))])
+            (keys, 'call-1', 0, None, ('notice-test', 'cancelled'), None, True),
+            (keys, 'call-2', 0, None, ('notice-test', 'cancelled'), (claim, 'call-2', warm_key('w7'), 0), True)])
     assert sent == [5]  # both ends' commands in one pipeline
     assert answers == [Ended(removed=3, published=0), Ended(removed=3, published=0, unclaimed=1)]
     assert store.count(keys) == [0, 0, 0] and redis_client.get(claim) is None
@@ -400,6 +413,6 @@ def test_calls_that_make_no_sense_are_refused_before_they_take_anything(store, r
         store.runner.operate(store.run_script, 'acquire', [key, expired_key(), holds_key()],
                       ['call-1', LEASE_MS, '0', 2**50, 4])
     with pytest.raises(redis.ResponseError, match='0 < weight <= 1'):
-        store.runner.operate(store.run_script, 'release', [key, holds_key()], ['call-1', 0, 0, '', 0, 'api_heavy'])
+        store.runner.operate(store.run_script, 'release', [key, holds_key()], ['call-1', 0, '1', 0, '', 0, 'api_heavy'])
     assert not redis_client.exists(key)
 

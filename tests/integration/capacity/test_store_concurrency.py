@@ -47,7 +47,7 @@ def test_racing_clients_never_hold_more_leases_than_the_limit(real_redis):
                 if result[0] == 1:
                     taken += 1
                     counts.add(result[2])
-                    released += run_script(client, release, [lane, holds], [token, result[1], 0.2, '', 0,
+                    released += run_script(client, release, [lane, holds], [token, result[1], '1', 0.2, '', 0,
                                                                             hold_field(lane)])
                 else:
                     refused += 1

@@ -11,6 +11,7 @@ from unittest import mock
 import pytest
 from django.utils import timezone
 
+from capacity.admission import LEASE_MESSAGE_KEYS
 from capacity import gate
 from capacity.constants import Lane
 from capacity.store import get_store
@@ -30,7 +31,7 @@ def deliver(request):
         if request.param == 'message with leases':
             lease = Work.objects.filter(pk=work_id).values_list('lease', flat=True).first()
             if lease is not None:
-                kwargs['leases'] = {key: lease[key] for key in ('keys', 'token', 'holding', 'acquired_ms')}
+                kwargs['leases'] = {key: lease[key] for key in LEASE_MESSAGE_KEYS}
         return execution.run(work_id, **kwargs)
     return deliver
 

@@ -12,6 +12,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from capacity.admission import LEASE_MESSAGE_KEYS
 from tests.conftest import missing_service
 from tests.integration.workers.test_execution import *  # noqa: F403 - every case, collected here again
 from tests.integration.workers.test_execution import admitted, first_call, keys, now_ms, result, scores
@@ -28,7 +29,7 @@ def on_postgres():
 
 
 def message(work):
-    return {key: work.lease[key] for key in ('keys', 'token', 'holding', 'acquired_ms')}
+    return {key: work.lease[key] for key in LEASE_MESSAGE_KEYS}
 
 
 def test_a_first_delivery_renews_then_claims_in_one_statement_without_reading_the_row(make_user, lanes, lines):

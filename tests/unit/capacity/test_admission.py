@@ -2,7 +2,7 @@
 log record rendered from it, as tables. No database, no Redis."""
 import pytest
 
-from capacity.admission import Admission, LaneState, headers, log_record, refusal_body
+from capacity.admission import Admission, LaneState, headers, lease_from_message, log_record, refusal_body
 from capacity.caller import RequestFacts
 from capacity.constants import Decision, Lane
 from capacity.decisions import Call
@@ -112,3 +112,20 @@ def test_the_worker_gets_every_lane_but_this_hosts():
     assert ADMITTED.worker_limits() == [3, 2, 2, 1]
     assert ADMITTED.host_key == '{p}:api_heavy_task:h1'
     assert ADMITTED.lease(store=object()).keys == [state.key for state in lanes()]
+
+
+@pytest.mark.parametrize('value, within_limit', [
+    (ADMITTED, True),
+    (SHADOW_REFUSED, False),  # let past a full lane: its release measures the run, not the holds
+])
+def test_whether_a_call_was_within_the_limit_reaches_every_release_of_its_leases(value, within_limit):
+    message = value.worker_lease_message()
+    assert message['within_limit'] is within_limit
+    assert lease_from_message(message, 60_000, store=object()).within_limit is within_limit
+    assert value.worker_lease(60_000, store=object()).within_limit is within_limit
+    assert value.lease(store=object()).within_limit is within_limit
+
+
+def test_a_message_from_before_within_limit_was_carried_measures_as_it_did():
+    message = {key: value for key, value in ADMITTED.worker_lease_message().items() if key != 'within_limit'}
+    assert lease_from_message(message, 60_000, store=object()).within_limit is True
