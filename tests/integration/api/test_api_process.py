@@ -16,7 +16,7 @@ import django
 django.setup()
 from django.test import Client
 from celery import signals
-client = Client()
+client = Client(HTTP_HOST='127.0.0.1')  # outside the test runner 'testserver' is no allowed host
 metrics = client.get('/metrics')
 status = client.get('/capacity/status/', HTTP_AUTHORIZATION='Token ' + sys.argv[1])
 handlers = sorted({
