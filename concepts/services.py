@@ -36,6 +36,12 @@ Plain functions of JSON-ready values; nothing here knows about lanes, capacity o
     Validate, then score each row's ``name_key`` text against ``q``: OCL's answer, the rows best first,
     each with its score set (concepts.ocl.scored_row); equal scores keep their input order.
 
+``index_status() -> dict``
+    For status pages: each loaded source's lexical and semantic index, ``{source url: {"lexical": {...},
+    "semantic": {..., "embedder"}}}``, each part ``{"state": "ready" | "building" | "failed" | "missing",
+    "step", "done", "total", "elapsed_seconds", "error"}`` (concepts.matching.store.part_status). Reads
+    files only: never builds, loads or waits.
+
 Errors: `ValidationError` for bad input, including a source removed between the view's validation and
 the run (the run validates again); `concepts.errors.ConceptsError` subclasses for configuration problems
 (`UnknownEmbedder`, `EmbedderUnavailable`).
@@ -49,7 +55,7 @@ from rest_framework.exceptions import ValidationError
 
 from concepts import bounds, ocl
 from concepts.matching import store
-from concepts.matching.embedders import DEFAULT_EMBEDDER
+from concepts.matching.embedders import DEFAULT_EMBEDDER, make_embedder
 from concepts.matching.index import SemanticIndex
 from concepts.matching.pipeline import match
 from concepts.matching.ranking import SCORE_DECIMALS
@@ -397,6 +403,20 @@ def warm(semantic=True, lexical=True, rerank_texts=True):
         if semantic and store.semantic_index(source, embedder_name(), build=False) is not None:
             parts += 1
     return parts
+
+
+def index_status():
+    """Each loaded source's index parts and how far their build is (see the module's docstring)."""
+    name = embedder_name()
+    embedder = make_embedder(name)
+    sources = {}
+    for source in Source.objects.order_by('org', 'mnemonic'):
+        key = store.source_key(source)
+        sources[source.url] = {
+            'lexical': store.part_status(store.lexical_directory(key)),
+            'semantic': {**store.part_status(store.semantic_directory(key, embedder)), 'embedder': name},
+        }
+    return sources
 
 
 def run_rerank(body, progress=None):

@@ -26,14 +26,25 @@ def loaded_source(api_url, token):
     return DEFAULT_SOURCE, f'(GET /sources/ answered {status or "nothing"}; assumed)'
 
 
-def banner(*, var, logs, api_url, flower_url, flower_auth, redis_url, redis_kind, seconds):
-    """The lines to print; `seconds` is how long the start took."""
+def banner(*, var, logs, api_url, flower_url, flower_auth, redis_url, redis_kind, seconds, building=()):
+    """The lines to print; `seconds` is how long the start took; `building`: the sources whose semantic index
+    is built after the banner (the lane workers start once it is)."""
     tokens = read_private(var / 'demo-tokens.json') or {'tokens': []}
     by_tier = {row['tier']: row for row in tokens['tokens']}
     core = by_tier.get('core', {}).get('token', '<token>')
     source_url, source_text = loaded_source(api_url, core)
     user, password = flower_auth.split(':', 1)
     hostname = socket.gethostname()
+    workers = ', '.join(f'{queue}@{hostname}' for queue in QUEUE_NAMES)
+    if building:
+        workers_lines = [
+            f'  Indexes   semantic index of {", ".join(building)}: building now (minutes on 2 cores), its progress in',
+            f'            {logs / "indexes.log"} and on the lanes page; semantic and reranked calls are accepted',
+            '            and wait in their queues until it is built',
+            f'  Workers   {workers} (start once the index is built; pools sized from the capacity config)',
+        ]
+    else:
+        workers_lines = [f'  Workers   {workers} (pools sized from the capacity config)']
     return [
         '',
         f'Heavy Lanes is running (ready in {seconds:.1f} s). Ctrl-C stops everything.',
@@ -45,8 +56,7 @@ def banner(*, var, logs, api_url, flower_url, flower_auth, redis_url, redis_kind
         f'  Sources   {api_url}/sources/    {source_url}  {source_text}',
         f'  Flower    {flower_url}/    user {user}  password {password}',
         f'  Redis     {masked(redis_url)}  ({redis_kind})',
-        f'  Workers   {", ".join(f"{queue}@{hostname}" for queue in QUEUE_NAMES)} '
-        f'(pools sized from the capacity config)',
+        *workers_lines,
         f'  Beat      the sweep and retention, run by maintenance@{hostname}',
         f'  Logs      {logs}/',
         '',

@@ -6,16 +6,23 @@
    installed, else the embedded fakeredis server (devstack.embedded_redis). HEAVY_LANES_RUN_REDIS=server or
    =embedded picks one. REDIS_URL and CELERY_BROKER_URL (unless set) are exported to every child.
 2. Prepares the database in a child process (`python -m devstack --prepare`): migrate, `load_terminology
-   hpo`, `create_demo_users`, and `collectstatic` into VAR_DIR/static/ (the API serves only what it
-   gathered). Each step is idempotent and quick the second time.
-3. Starts, at once: a one-shot child that builds the match indexes into VAR_DIR/indexes/ (once; later runs
-   only check them), the API (gunicorn api.wsgi, api/gunicorn_config.py's 2 gthread processes,
+   hpo`, `create_demo_users`, `collectstatic` into VAR_DIR/static/ (the API serves only what it gathered),
+   the lexical indexes (BM25: seconds). Each step is idempotent and quick the second time. It notes in
+   VAR_DIR/setup.json the sources whose semantic index isn't built yet.
+3. Starts, at once: the API (gunicorn api.wsgi, api/gunicorn_config.py's 2 gthread processes,
    127.0.0.1:$PORT), Celery beat and the maintenance worker that runs the sweep and retention it sends,
-   and Flower (127.0.0.1:$FLOWER_PORT, basic auth). Once the indexes are built (or their step failed), one
-   Celery worker per lane queue (`-Q <queue> -n <queue>@%h -P prefork -c 1`; each then sizes its own pool
-   from the capacity config), so each worker loads the built indexes before its pool forks and the first
-   heavy call finds them in memory. Waits until each is ready.
+   Flower (127.0.0.1:$FLOWER_PORT, basic auth), and, when every semantic index is built, one Celery worker
+   per lane queue (`-Q <queue> -n <queue>@%h -P prefork -c 1`; each then sizes its own pool from the
+   capacity config). Waits until each is ready.
 4. Prints the URLs, the demo tokens, Flower's credentials and an example client command; then watches.
+5. On a first start, after the banner: builds the semantic indexes in a one-shot child (`python -m devstack
+   --build-indexes`: the sentence model over every name, synonym and definition, then the adapter's fit;
+   its progress every 10 s in VAR_DIR/log/indexes.log and on /capacity/status/ under `indexes`), and starts
+   the lane workers once it ended. Until then the API accepts heavy calls and they wait in their queues
+   (up to their queue deadline): a lane worker loads the built indexes before its pool forks
+   (workers.signals.warm_indexes), so its pool processes share them, and no call builds one beside the
+   build or waits for it holding a pool process. Should the build fail, the lane workers start anyway and
+   the first call that needs the index builds it (once, under the index's lock).
 
 Each child runs in its own process group (so a terminal's Ctrl-C reaches only this launcher) with its
 output in VAR_DIR/log/<name>.log (the previous run's kept as <name>.log.1), and gets SIGTERM if the
@@ -25,8 +32,8 @@ process left in a child's group after its leader exited is killed too. If a chil
 launcher prints the end of its log, stops the rest and exits 1.
 
 Files in VAR_DIR: run.lock (one launcher per VAR_DIR), run.json (the launcher's and children's pids and
-process groups while it runs), demo-tokens.json, flower-credentials.json, log/, redis/, static/ (and
-static-sources.sha256, what it was collected from).
+process groups while it runs), setup.json, demo-tokens.json, flower-credentials.json, log/, redis/, indexes/,
+static/ (and static-sources.sha256, what it was collected from).
 """
 import os
 import signal
@@ -35,14 +42,10 @@ import time
 
 from devstack import files, redis_server, services
 from devstack.banner import banner
-from devstack.prepare import TERMINOLOGY
+from devstack.prepare import TERMINOLOGY, semantic_missing
 from devstack.processes import Child, free_port, http_get, port_in_use, stop_children, tail
 
 READY_SECONDS = 90
-# The first index build runs the sentence model over every name, synonym and definition of the HPO and fits
-# its adapter: minutes on 2 cores (7.8 at load average 5-10, docs/deployment.md). Lane workers started
-# before it ends would start without the indexes and their first calls would wait for the build.
-INDEX_SECONDS = 600
 REDIS_ATTEMPTS = 3  # a free port can be taken between choosing it and binding it
 
 
@@ -82,6 +85,8 @@ class Launcher:
         self.redis_url = None
         self.redis_kind = None
         self.flower_auth = None
+        self.building = []  # source urls whose semantic index the first start builds after its banner
+        self.lanes_started = False
 
     @property
     def api_url(self):
@@ -130,12 +135,14 @@ class Launcher:
             self.check_ports()
             self.start_redis()
             self.prepare()
-            self.start_services()
-            self.wait_ready()
+            self.wait_ready(self.start_services())
             for line in banner(var=self.var, logs=self.logs, api_url=self.api_url, flower_url=self.flower_url,
                                flower_auth=self.flower_auth, redis_url=self.redis_url,
-                               redis_kind=self.redis_kind, seconds=time.monotonic() - self.started):
+                               redis_kind=self.redis_kind, seconds=time.monotonic() - self.started,
+                               building=self.building):
                 self.say(line)
+            if self.building:
+                self.start(services.index_step(self.logs))
             self.watch()
         except Stop as stop:
             if str(stop):
@@ -231,7 +238,7 @@ class Launcher:
     def prepare(self):
         started = time.monotonic()
         self.say(f'Preparing the database: migrate, load_terminology {TERMINOLOGY}, create_demo_users, '
-                 f'collectstatic (log: {self.logs / "setup.log"})')
+                 f'collectstatic, the lexical indexes (log: {self.logs / "setup.log"})')
         child = self.start(services.prepare_step(self.logs))
         while child.running():
             self.sleep(0.05)
@@ -241,52 +248,44 @@ class Launcher:
         del self.children['setup']
         self.write_pids()
         self.say(f'  done in {time.monotonic() - started:.1f} s')
+        missing = semantic_missing(self.var)
+        self.building = list(missing) if missing is not None else []
 
     def start_services(self):
-        self.start(services.index_step(self.logs))
-        self.start(services.api(self.port, self.logs))
-        self.start(services.maintenance_worker(self.logs))
-        self.start(services.beat(self.logs, self.var))
+        """Start the API, the maintenance worker, beat and Flower, and the lane workers unless a semantic index
+        is to be built first; the children started."""
+        started = [self.start(services.api(self.port, self.logs)),
+                   self.start(services.maintenance_worker(self.logs)),
+                   self.start(services.beat(self.logs, self.var))]
         self.flower_auth = services.flower_credentials(self.var)
-        self.start(services.flower(self.flower_port, self.logs, self.flower_auth))
+        started.append(self.start(services.flower(self.flower_port, self.logs, self.flower_auth)))
+        if not self.building:
+            started += self.start_lane_workers()
+        return started
 
     def start_lane_workers(self):
-        """The lane workers, once the index step ended: a worker loads the built match indexes before its
-        pool forks (workers.signals.warm_indexes), so its pool processes share them and no call builds or
-        loads one. Started beside the build, they found nothing to load and the first semantic call took
-        ~4.6 s. Should the step fail, they start anyway and calls build what they need."""
-        workers = services.lane_workers(self.logs)
-        for worker in workers:
-            self.start(worker)
-        return workers
+        """The lane workers: each loads the built match indexes before its pool forks
+        (workers.signals.warm_indexes), so its pool processes share them and no call builds or loads one.
+        Started beside the build, they found nothing to load and the first semantic call took ~4.6 s."""
+        self.lanes_started = True
+        return [self.start(worker) for worker in services.lane_workers(self.logs)]
 
-    def wait_ready(self):
-        """Wait for every child to be ready, starting the lane workers once the index step ended (or after
-        INDEX_SECONDS of it: they start cold rather than never); each other part gets READY_SECONDS."""
-        deadline = time.monotonic() + (INDEX_SECONDS if 'indexes' in self.children else READY_SECONDS)
-        pending = [child for child in self.children.values() if child.name != 'redis' and not child.one_shot]
-        lanes_started = False
-        while pending or not lanes_started:
+    def wait_ready(self, children):
+        """Wait until each of `children` is ready (READY_SECONDS), then have Flower look at the workers."""
+        deadline = time.monotonic() + READY_SECONDS
+        pending = list(children)
+        while pending:
             self.check_children()
-            if not lanes_started and ('indexes' not in self.children or time.monotonic() > deadline):
-                if 'indexes' in self.children:
-                    self.say(f'The match indexes are not built after {INDEX_SECONDS} s: starting the lane '
-                             'workers without them (the first calls wait for the build).')
-                pending += self.start_lane_workers()
-                lanes_started = True
-                deadline = time.monotonic() + READY_SECONDS
             pending = [child for child in pending if not child.check_ready()]
-            if not pending and lanes_started:
-                # Flower inspected the workers when it started, maybe before they were up: ask it again.
-                http_get(f'{self.flower_url}/api/workers?refresh=1',
-                         {'Authorization': services.basic_header(self.flower_auth)}, timeout=5)
-                return
-            if time.monotonic() > deadline and lanes_started:
-                child = pending[0]
-                names = ', '.join(c.name for c in pending)
-                raise Stop(f'{names} not ready after {READY_SECONDS} s; the end of {child.log_path}:\n'
-                           f'{tail(child.log_path)}', 1)
-            self.sleep(0.1)
+            if pending and time.monotonic() > deadline:
+                names = ', '.join(child.name for child in pending)
+                raise Stop(f'{names} not ready after {READY_SECONDS} s; the end of {pending[0].log_path}:\n'
+                           f'{tail(pending[0].log_path)}', 1)
+            if pending:
+                self.sleep(0.1)
+        # Flower inspected the workers when it started, maybe before they were up: ask it again.
+        http_get(f'{self.flower_url}/api/workers?refresh=1',
+                 {'Authorization': services.basic_header(self.flower_auth)}, timeout=5)
 
     def check_children(self):
         for child in list(self.children.values()):
@@ -308,6 +307,10 @@ class Launcher:
     def watch(self):
         while True:
             self.check_children()
+            if self.building and not self.lanes_started and 'indexes' not in self.children:
+                self.wait_ready(self.start_lane_workers())
+                self.say(f'Lane workers ready {time.monotonic() - self.started:.1f} s after the start: the '
+                         'queued calls run now.')
             self.sleep(0.5)
 
     # --- stopping -------------------------------------------------------------------------------------------

@@ -93,7 +93,7 @@ def prepare_step(logs):
 
 
 def index_step(logs):
-    """The match indexes (devstack.prepare.build_indexes), built beside the other services' start; the lane
-    workers start once it ended."""
+    """The semantic indexes (devstack.prepare.build_indexes), built after the banner; the lane workers start
+    once it ended."""
     return Child('indexes', [sys.executable, '-m', 'devstack', '--build-indexes'], logs / 'indexes.log',
                  one_shot=True)

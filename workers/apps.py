@@ -10,8 +10,9 @@ class WorkersApp(AppConfig):
         # without this an API process would use Celery's default app, with none of our broker options.
         import workers.celery  # noqa: F401
         from capacity import status
-        from workers.status import get_queues
+        from workers.status import get_indexes, get_queues
         status.add_section('queues', get_queues)
+        status.add_section('indexes', get_indexes)
         self.connect_sources()
 
     @staticmethod

@@ -1,4 +1,5 @@
-"""Queue status for /capacity/status/ and /metrics: depth, oldest waiting call, and the lane's pools.
+"""Queue status for /capacity/status/ and /metrics: depth, oldest waiting call, and the lane's pools; and
+`get_indexes`, the match indexes the lanes' calls need (concepts.services.index_status).
 
 Depth is read on the broker (LLEN of the queue's list and of each priority level's list, as the Redis
 transport stores them, workers.messages), so it counts messages no worker has taken yet; the message of a
@@ -14,6 +15,7 @@ from django.db.models import Min
 from django.utils import timezone
 
 from common import connections
+from concepts.services import index_status
 from workers import lanes, messages
 from workers.models import State, Work
 from workers.pool import read_pools
@@ -29,6 +31,15 @@ def oldest_waiting(now=None):
     rows = Work.objects.filter(state=State.QUEUED, expires_at__gt=now).values('queue').annotate(
         oldest=Min('created_at'))
     return {row['queue']: round((now - row['oldest']).total_seconds(), 3) for row in rows}
+
+
+def get_indexes(config):
+    """Each source's match indexes: ready, or how far their build is (a semantic call waits in its queue
+    until its index is ready). Never raises: a failure to read them shows as {"error": ...}."""
+    try:
+        return index_status()
+    except Exception as ex:  # noqa: BLE001 - status reports what it can't read instead of failing
+        return {'error': f'{type(ex).__name__}: {ex}'[:300]}
 
 
 def get_queues(config):

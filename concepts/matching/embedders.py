@@ -8,8 +8,9 @@
   tf) reduced with TruncatedSVD to 256 dimensions, fitted on the source's own names and synonyms. It is
   robust to typos, word order and inflection; it knows no synonyms the source does not contain.
 
-`index_vectors(table)` fits the embedder on a source and returns (entry vectors, definition vectors or None,
-the concept of each definition vector or None); `embed(texts)` embeds queries. A fitted embedder is saved
+`index_vectors(table, progress=None)` fits the embedder on a source and returns (entry vectors, definition
+vectors or None, the concept of each definition vector or None), telling `progress(step, done, total)` how
+far it got; `embed(texts)` embeds queries. A fitted embedder is saved
 with that source's index (`save`/`load`); `cache_key` names the embedder's configuration and library
 versions, so an index built by another version is never reused.
 """
@@ -52,13 +53,24 @@ class MiniLMEmbedder:
     def cache_key(self):
         return f'{self.name}-{self.encoder.cache_key}-adapter{self.ADAPTER_VERSION}'
 
-    def index_vectors(self, table):
+    def index_vectors(self, table, progress=None):
+        """`progress(step, done, total)`, when given, hears how far it is: ('embedding', texts done, texts),
+        then ('fitting the adapter', None, None)."""
         from concepts.matching import adapter
         texts, _ = adapter.concept_texts(table)
         entries = len(table.texts)
+
+        def embedded(offset):
+            return None if progress is None else (lambda done: progress('embedding', offset + done, len(texts)))
+
+        if progress is not None:
+            progress('embedding', 0, len(texts))
         base = np.concatenate([
-            self.encoder.embed(texts[:entries], build=True),
-            self.encoder.embed(texts[entries:], max_tokens=minilm.DEFINITION_TOKENS, build=True)])
+            self.encoder.embed(texts[:entries], build=True, progress=embedded(0)),
+            self.encoder.embed(texts[entries:], max_tokens=minilm.DEFINITION_TOKENS, build=True,
+                               progress=embedded(entries))])
+        if progress is not None:
+            progress('fitting the adapter', None, None)
         return self.fit_vectors(table, base)
 
     def fit_vectors(self, table, base):
@@ -129,8 +141,10 @@ class TfidfSvdEmbedder:
         self._projection = self._transposed()
         return self
 
-    def index_vectors(self, table):
+    def index_vectors(self, table, progress=None):
         """Fit on the table's entries: (their vectors, no definition vectors, no definition owners)."""
+        if progress is not None:
+            progress('fitting', None, None)
         self.fit(table.texts)
         return self.embed(table.texts), None, None
 

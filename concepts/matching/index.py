@@ -90,8 +90,9 @@ class SemanticIndex(_Index):
         return f'semantic:{self.embedder.name}'
 
     @classmethod
-    def build(cls, table, embedder):
-        return cls(table, embedder, *embedder.index_vectors(table))
+    def build(cls, table, embedder, progress=None):
+        """`progress(step, done, total)`: see the embedder's `index_vectors`."""
+        return cls(table, embedder, *embedder.index_vectors(table, progress))
 
     def entry_scores(self, queries):
         return self._cosines(self.embedder.embed(queries), self.vectors)

@@ -14,13 +14,22 @@ looks again (another process may have finished it meanwhile), builds into a temp
 the target and renames it into place. The rename is atomic, so a reader sees a whole part or none.
 Processes waiting on the lock load the finished part instead of building it again.
 
+While a part is built, its builder keeps ``<part>.state.json`` beside the lock: the step, texts done of
+total, when it started (``BuildProgress``), and at the end how long it took or the error it failed with.
+`part_status(directory)` reads it back for status pages: ``ready`` (the directory is there), ``building``
+(someone holds the part's lock: a build, or a process waiting its turn), ``failed`` (the last build's
+error, no build running), or ``missing`` (never built, or its builder died).
+
 Each process keeps the parts it loaded in an LRU cache of ``CONCEPTS_INDEX_CACHE_SIZE`` parts (default 8);
 calls never rebuild or reload a cached part. `BUILDS` counts the builds this process did, per kind.
 """
+import json
 import os
 import re
 import shutil
+import socket
 import threading
+import time
 import uuid
 from collections import Counter, OrderedDict
 from contextlib import contextmanager
@@ -44,6 +53,8 @@ except ImportError:  # pragma: no cover - not POSIX: the atomic rename alone kee
 
 DEFAULT_CACHE_SIZE = 8
 READ_ATTEMPTS = 3
+STATE_WRITE_SECONDS = 1.0  # a build's state file is rewritten at most this often (and at each new step)
+REPORT_SECONDS = 10.0      # a build tells its `report` how far it got about this often
 BUILDS = Counter()
 
 # Loaded parts are inherited by a forked pool process (copy-on-write); the locks are not: pool processes are
@@ -110,32 +121,33 @@ def semantic_directory(key, embedder):
     return key.directory(index_root()) / f'semantic-{embedder.cache_key}'
 
 
-def build_missing(source, embedder_name):
-    """Build the source's lexical and semantic index where they aren't on disk yet, without loading the
-    ones that are; the names of the parts built."""
+def build_missing(source, embedder_name, lexical=True, semantic=True, report=None):
+    """Build the source's lexical and (or) semantic index where they aren't on disk yet, without loading the
+    ones that are; the names of the parts built. `report(line)` hears how a build is going."""
     key = source_key(source)
     built = []
-    if not lexical_directory(key).is_dir():
-        lexical_index(source)
+    if lexical and not lexical_directory(key).is_dir():
+        lexical_index(source, report=report)
         built.append('lexical')
-    if not semantic_directory(key, make_embedder(embedder_name)).is_dir():
-        semantic_index(source, embedder_name)
+    if semantic and not semantic_directory(key, make_embedder(embedder_name)).is_dir():
+        semantic_index(source, embedder_name, report=report)
         built.append('semantic')
     return built
 
 
-def lexical_index(source, build=True):
+def lexical_index(source, build=True, report=None):
     """The source's BM25 index: from this process's cache, else from disk, else built (once, anywhere);
-    without `build`, None when it isn't built yet."""
+    without `build`, None when it isn't built yet. `report(line)`: see `BuildProgress`."""
     key = source_key(source)
     directory = lexical_directory(key)
     if not build and not directory.is_dir():
         return None
-    return _get(directory, kind='lexical-bm25', build=lambda: LexicalIndex.build(_table(source, key)),
-                load=lambda: LexicalIndex.load(directory))
+    return _get(directory, kind='lexical-bm25',
+                build=lambda progress: LexicalIndex.build(_table(source, key)),
+                load=lambda: LexicalIndex.load(directory), report=report)
 
 
-def semantic_index(source, embedder_name, build=True):
+def semantic_index(source, embedder_name, build=True, report=None):
     """The source's embedding index for the named embedder (see `lexical_index`)."""
     key = source_key(source)
     embedder = make_embedder(embedder_name)
@@ -143,8 +155,8 @@ def semantic_index(source, embedder_name, build=True):
     if not build and not directory.is_dir():
         return None
     return _get(directory, kind=f'semantic-{embedder.name}',
-                build=lambda: SemanticIndex.build(_table(source, key), embedder),
-                load=lambda: SemanticIndex.load(directory, embedder))
+                build=lambda progress: SemanticIndex.build(_table(source, key), embedder, progress),
+                load=lambda: SemanticIndex.load(directory, embedder), report=report)
 
 
 def _table(source, key):
@@ -154,7 +166,7 @@ def _table(source, key):
     return ConceptTable.build(rows)
 
 
-def _get(directory, kind, build, load):
+def _get(directory, kind, build, load, report=None):
     name = str(directory)
     with _cache_lock.get():
         if name in _cache:
@@ -167,7 +179,7 @@ def _get(directory, kind, build, load):
         with _cache_lock.get():
             if name in _cache:
                 return _cache[name]
-        index = _load_or_build(directory, kind, build, load)
+        index = _load_or_build(directory, kind, build, load, report)
         with _cache_lock.get():
             _cache[name] = index
             while len(_cache) > getattr(settings, 'CONCEPTS_INDEX_CACHE_SIZE', DEFAULT_CACHE_SIZE):
@@ -175,24 +187,144 @@ def _get(directory, kind, build, load):
         return index
 
 
-def _load_or_build(directory, kind, build, load):
+def _load_or_build(directory, kind, build, load, report=None):
     if directory.is_dir():
         return load()
     directory.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(directory.parent / f'{directory.name}.lock'):
+    with _file_lock(lock_path(directory)):
         if directory.is_dir():
             return load()
-        index = build()
-        BUILDS[kind] += 1
+        progress = BuildProgress(state_path(directory), kind, report)
         temporary = directory.parent / f'.{directory.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp'
-        temporary.mkdir()
         try:
+            index = build(progress.update)
+            progress.update('saving')
+            temporary.mkdir()
             index.save(temporary)
             os.rename(temporary, directory)
-        except BaseException:
+        except BaseException as error:
             shutil.rmtree(temporary, ignore_errors=True)
+            progress.failed(error)
             raise
+        BUILDS[kind] += 1
+        progress.ready()
         return index
+
+
+def lock_path(directory):
+    return directory.parent / f'{directory.name}.lock'
+
+
+def state_path(directory):
+    return directory.parent / f'{directory.name}.state.json'
+
+
+class BuildProgress:
+    """The state file of one part's build (written by the process that holds its lock), and its reports.
+
+    ``{"state": "building" | "ready" | "failed", "kind", "step", "done", "total", "started_at",
+    "updated_at", "seconds", "error", "pid", "host"}``; times are Unix seconds, ``done`` of ``total`` counts
+    the step's units (texts, for an embedding) or is null. Rewritten atomically at most every
+    STATE_WRITE_SECONDS, and at every new step; `report(line)`, when given, hears a line at every step and
+    about every REPORT_SECONDS."""
+
+    def __init__(self, path, kind, report=None, clock=time.time):
+        self.path = path
+        self.report = report
+        self.clock = clock
+        self.started = clock()
+        self.written = self.reported = float('-inf')
+        self.state = {'state': 'building', 'kind': kind, 'step': 'reading the source', 'done': None,
+                      'total': None, 'started_at': self.started, 'updated_at': self.started, 'seconds': None,
+                      'error': None, 'pid': os.getpid(), 'host': socket.gethostname()}
+        self._write(force=True)
+
+    def update(self, step, done=None, total=None):
+        """The build is at `step`, `done` of `total` (or neither)."""
+        new_step = step != self.state['step']
+        self.state.update(step=step, done=done, total=total, updated_at=self.clock())
+        self._write(force=new_step)
+
+    def ready(self):
+        now = self.clock()
+        self.state.update(state='ready', step='ready', updated_at=now, seconds=round(now - self.started, 1))
+        self._write(force=True)
+
+    def failed(self, error):
+        now = self.clock()
+        self.state.update(state='failed', updated_at=now, seconds=round(now - self.started, 1),
+                          error=f'{type(error).__name__}: {error}'[:500])
+        self._write(force=True)
+
+    def line(self):
+        state = self.state
+        elapsed = state['updated_at'] - self.started
+        if state['state'] != 'building':
+            return f'{state["kind"]}: {state["state"]} in {elapsed:.1f} s' + (
+                f' ({state["error"]})' if state['error'] else '')
+        done = (f' {state["done"]:,} of {state["total"]:,} ({100 * state["done"] / max(state["total"], 1):.0f} %)'
+                if state['total'] else '')
+        return f'{state["kind"]}: {state["step"]}{done}, {elapsed:.1f} s'
+
+    def _write(self, force=False):
+        now = self.clock()
+        if force or now - self.written >= STATE_WRITE_SECONDS:
+            self.written = now
+            temporary = self.path.with_name(f'.{self.path.name}.{os.getpid()}.tmp')
+            try:
+                temporary.write_text(json.dumps(self.state))
+                os.replace(temporary, self.path)
+            except OSError:  # a state file is for status pages: never what fails a build
+                pass
+        if self.report is not None and (force or now - self.reported >= REPORT_SECONDS):
+            self.reported = now
+            self.report(self.line())
+
+
+def part_status(directory, clock=time.time):
+    """What a status page says of the part in `directory`: {"state": "ready" | "building" | "failed" |
+    "missing", "step", "done", "total", "elapsed_seconds", "error"} (see the module's docstring). Reads
+    only: it never builds, loads or waits."""
+    try:
+        saved = json.loads(state_path(directory).read_text())
+    except (OSError, ValueError):
+        saved = {}
+    if directory.is_dir():
+        state = 'ready'
+    elif _locked(lock_path(directory)):
+        state = 'building'
+    elif saved.get('state') == 'failed':
+        state = 'failed'
+    else:
+        state = 'missing'
+    status = {'state': state}
+    if state == 'building' and saved.get('state') == 'building':
+        status.update(step=saved.get('step'), done=saved.get('done'), total=saved.get('total'),
+                      elapsed_seconds=round(clock() - saved.get('started_at', clock()), 1))
+    elif state == 'building':  # its builder has not written its state yet (or waits for the lock)
+        status.update(step='waiting to start', done=None, total=None, elapsed_seconds=None)
+    elif state in ('ready', 'failed') and saved.get('state') == state:
+        status['elapsed_seconds'] = saved.get('seconds')
+    if state == 'failed':
+        status['error'] = saved.get('error')
+    return status
+
+
+def _locked(path):
+    """Whether some process holds the lock file `path` (it is not created here)."""
+    if fcntl is None:
+        return False
+    try:
+        handle = open(path, 'rb')  # noqa: SIM115 - closed below, whatever the probe found
+    except OSError:
+        return False
+    with handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        return False
 
 
 @contextmanager

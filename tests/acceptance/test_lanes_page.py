@@ -75,6 +75,10 @@ def test_staff_see_the_lanes_set_es2_knn_see_the_pool_follow_pause_and_resume(
     wait_for(lambda: text(browser, '#legend li[data-decision="admitted"]') == 'admitted 2'
              and text(browser, '#legend li[data-decision="shadow-refused"]') == 'shadow-refused 2',
              timeout=REFRESH_WAIT, message='the decisions in the chart')
+    # The source's indexes: the semantic one the calls needed is ready.
+    semantic = f'tr.index[data-source="{tiny_source}"][data-index="semantic"]'
+    wait_for(lambda: text(browser, f'{semantic} td.state') == 'ready', timeout=REFRESH_WAIT,
+             message='the semantic index, ready')
     node = f'tr[data-node="{worker.node}"]'
     wait_for(lambda: text(browser, f'{node} td.pool') == '2' and text(browser, f'{node} td.share') == '2',
              timeout=REFRESH_WAIT, message='the es2_knn node and its pool of 2')

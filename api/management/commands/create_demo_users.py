@@ -6,7 +6,8 @@
     demo-preview  preview       (group PREVIEW_GROUP, preview; preview is also the default tier)
 
 Idempotent: a second run finds the same users and tokens, and puts back the flags and groups that give each
-user its tier if someone changed them. The users have no password (token authentication only). The tokens
+user its tier if someone changed them. The users are made without a password (token authentication only);
+one given later (`manage.py changepassword demo-staff`, to log in to the lanes page) is kept. The tokens
 are printed and written to `<VAR_DIR>/demo-tokens.json` as
 `{"tokens": [{"username", "tier", "token"}, ...], "staff_token": ...}` (readable by the owner only).
 Refuses to run with HEAVY_LANES_PRODUCTION=true unless given --force.
@@ -66,7 +67,7 @@ class Command(BaseCommand):
         with transaction.atomic():
             for username, tier, group_name, is_staff in demo_users():
                 user, created = User.objects.get_or_create(username=username)
-                if created or user.has_usable_password():
+                if created:  # a password someone set since (changepassword, as the banner says) is kept
                     user.set_unusable_password()
                 user.is_staff = is_staff
                 user.is_superuser = False

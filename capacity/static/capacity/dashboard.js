@@ -3,7 +3,7 @@
  * through them, without reloading the page.
  *
  * Every few seconds (the page's data-refresh-seconds) it reads GET /capacity/status/ (lanes, queues, pools
- * per node), GET /capacity/config/ (the config in force and the defaults), GET /capacity/decisions/
+ * per node, the match indexes and how far a build of one is), GET /capacity/config/ (the config in force and the defaults), GET /capacity/decisions/
  * (decisions per minute over the last hour) and GET /capacity/config/history/ (the last changes). A change is
  * one PATCH /capacity/config/ with the note typed beside it, so it is a config version with who and why like
  * any other: setting a lane's limit, pausing it (its limit to 0; api_heavy takes the single-row reserve to 0
@@ -250,6 +250,32 @@
     $('queues').tBodies[0].replaceChildren(...rows);
   }
 
+  // --- match indexes: ready, or how far their build is (a first start builds the semantic one after its banner)
+
+  function progressOf(part) {
+    if (part.state !== 'building') return part.error || '';
+    if (!part.total) return part.step || '';
+    return `${part.step}: ${part.done} of ${part.total} (${Math.floor((100 * part.done) / part.total)} %)`;
+  }
+
+  function drawIndexes(indexes) {
+    const rows = [];
+    if (indexes && indexes.error) {
+      rows.push(el('tr', {}, el('td', {colspan: '5', class: 'error'}, indexes.error)));
+    }
+    for (const [source, parts] of Object.entries((indexes && !indexes.error && indexes) || {})) {
+      for (const [kind, part] of Object.entries(parts)) {
+        rows.push(el('tr', {'data-source': source, 'data-index': kind, class: `index ${part.state}`},
+                     el('th', {scope: 'row'}, source),
+                     el('td', {}, part.embedder ? `${kind} (${part.embedder})` : kind),
+                     el('td', {class: 'state'}, part.state),
+                     el('td', {class: 'progress'}, progressOf(part)),
+                     el('td', {class: 'elapsed'}, seconds(part.elapsed_seconds))));
+      }
+    }
+    $('indexes').tBodies[0].replaceChildren(...rows);
+  }
+
   // --- decisions per minute: a stacked bar a minute, drawn in SVG
 
   const SVG = 'http://www.w3.org/2000/svg';
@@ -352,6 +378,7 @@
         ? `v${config.version} by ${config.created_by || config.source}` : 'defaults';
       if (status.redis === 'ok') drawLanes(status, config.config);
       drawQueues(status.queues);
+      drawIndexes(status.indexes);
       drawDecisions(decisions);
       drawHistory(history);
       $('updated').textContent = new Date().toLocaleTimeString();

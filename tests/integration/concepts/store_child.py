@@ -17,7 +17,7 @@ class SlowIndex:
 
 
 def build_or_load(directory, barrier, results):
-    def build():
+    def build(progress):
         time.sleep(0.3)
         return SlowIndex(str(os.getpid()))
 

@@ -1,11 +1,13 @@
 """`python -m devstack` (what `make run` starts), end to end in a private VAR_DIR on free ports.
 
 One test, two starts, because the second start is the point: the first creates the database, loads HPO and
-mints tokens with its own redis-server (when installed); the second reuses all of that with the embedded
-Redis. Each start must serve the API and Flower (behind its basic auth), and each Ctrl-C must leave no
-process of any group the launcher started. Every process group seen is SIGKILLed at teardown, pass or fail.
+mints tokens with its own redis-server (when installed), and prints its banner while the semantic index is
+still being built; the second reuses all of that with the embedded Redis. Each start must serve the API and
+Flower (behind its basic auth), and each Ctrl-C must leave no process of any group the launcher started.
+Every process group seen is SIGKILLed at teardown, pass or fail.
 """
 import base64
+import fcntl
 import json
 import os
 import re
@@ -19,9 +21,12 @@ from pathlib import Path
 import pytest
 import requests
 
+from concepts.matching.embedders import make_embedder
 from devstack.processes import Child, free_port, http_get, kill_groups, live_members
+from heavy_lanes_client import Client
+from heavy_lanes_client.models import State
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 ROOT = Path(__file__).resolve().parents[3]
 READY_MARK = 'Heavy Lanes is running'
@@ -160,6 +165,51 @@ def check_printed_client_command(launch):
     assert re.search(r'\b50\b', result.stdout + result.stderr)
 
 
+def wait_for(condition, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        time.sleep(0.1)
+    pytest.fail(f'{what}: not within {timeout} s')
+
+
+def hold_the_semantic_build(launch):
+    """Once the prepare step built the lexical index, take the semantic part's lock as a build elsewhere
+    would: the launcher's build then waits for it. Returns the open lock file (close it to let go)."""
+    lexical = wait_for(lambda: next((launch.var_dir / 'indexes').glob('HPO/HPO/*/lexical-bm25'), None), 60,
+                       f'the lexical index in {launch.var_dir}')
+    held = open(lexical.parent / f'semantic-{make_embedder("tfidf-svd").cache_key}.lock', 'a+b')  # noqa: SIM115
+    fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+    return held
+
+
+def semantic_index_state(launch, tokens):
+    status, body = get(f'http://127.0.0.1:{launch.port}/capacity/status/',
+                       {'Authorization': f'Token {tokens["staff_token"]}'})
+    assert status == 200, body
+    return json.loads(body)['indexes']['/orgs/HPO/sources/HPO/']['semantic']['state']
+
+
+def check_a_semantic_call_waits_in_its_queue_for_the_index(launch, held):
+    """The banner is out and the semantic index not built: a semantic call is accepted, waits in its queue,
+    and is answered once the build ends and the lane workers start."""
+    tokens = json.loads((launch.var_dir / 'demo-tokens.json').read_text())
+    assert 'semantic index of /orgs/HPO/sources/HPO/: building now' in launch.output()
+    assert semantic_index_state(launch, tokens) == 'building'
+    core = next(row['token'] for row in tokens['tokens'] if row['tier'] == 'core')
+    with Client(f'http://127.0.0.1:{launch.port}', core) as client:
+        handle = client.submit_match(['stomach ache'], '/orgs/HPO/sources/HPO/', semantic=True)
+        assert client.get_task(handle).state == State.QUEUED
+        held.close()  # the build goes on
+        task = client.wait(handle, timeout=150)
+    assert task.state == State.SUCCEEDED, task
+    assert task.result[0]['results'], task.result
+    assert semantic_index_state(launch, tokens) == 'ready'
+    assert launch.output().index(READY_MARK) < launch.output().index('indexes: done')
+
+
 def check_stopped(launch, code):
     assert code == 0, launch.output()
     assert 'Stopped everything' in launch.output()
@@ -173,7 +223,9 @@ def test_a_second_start_reuses_the_database_and_ctrl_c_leaves_nothing_running(tm
 
     first = Launch(var_dir, tmp_path / 'first.out')
     launches.append(first)
-    first.start().wait_ready()
+    held = hold_the_semantic_build(first.start())
+    first.wait_ready()
+    check_a_semantic_call_waits_in_its_queue_for_the_index(first, held)
     first_tokens = check_serving(first)
     check_printed_client_command(first)
     check_stopped(first, first.interrupt())

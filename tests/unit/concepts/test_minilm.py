@@ -40,6 +40,25 @@ def test_the_build_sessions_side_by_side_give_the_query_session_vectors(encoder,
     np.testing.assert_allclose(encoder.embed(texts, build=True), encoder.embed(texts), atol=1e-5)
 
 
+def test_a_build_batches_texts_by_token_count_so_only_a_batch_between_two_counts_pads():
+    counts = [(7 * i) % 13 + 3 for i in range(10 * minilm.BATCH)]  # 13 token counts, interleaved
+    batches = minilm._batches([[101] * count for count in counts])
+    assert sorted(i for batch in batches for i in batch) == list(range(len(counts)))
+    straddling = [batch for batch in batches if len({counts[i] for i in batch}) > 1]
+    assert len(straddling) <= len(set(counts)) - 1
+    padded = sum(max(counts[i] for i in batch) * len(batch) for batch in batches)
+    assert padded - sum(counts) <= minilm.BATCH * (len(set(counts)) - 1)
+
+
+def test_an_embedding_reports_its_progress_up_to_every_text(encoder, monkeypatch):
+    monkeypatch.setattr(minilm, '_build_runtimes', minilm.PerProcess(lambda: [minilm._Runtime(1)
+                                                                           for _ in range(2)]))
+    texts = [f'cyst number {i}' for i in range(3 * minilm.BATCH + 5)]
+    seen = []
+    encoder.embed(texts, build=True, progress=seen.append)
+    assert seen == sorted(seen) and seen[-1] == len(texts) and len(seen) == 4
+
+
 def test_long_texts_are_cut_at_the_token_limit(encoder):
     words = ' '.join(['kidney'] * 300)
     np.testing.assert_allclose(encoder.embed([words]), encoder.embed([' '.join(['kidney'] * 200)]), atol=1e-5)
