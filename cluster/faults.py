@@ -74,8 +74,8 @@ def sentinel_failover(cluster):
 
 
 def worker_host_killed(cluster):
-    killed = time.time()
     cluster.kill_host('worker1')
+    killed = time.time()  # after: a run that began while the signals went out began before its death
     time.sleep(10)
     cluster.start_workers('worker1')
     return Effect(killed={'worker1': killed})
@@ -114,8 +114,8 @@ def worker_host_drained(cluster):
 
 
 def worker_host_cut_off(cluster):
-    cut = time.time()
     cluster.net.link('worker1', up=False)
+    cut = time.time()  # after: a run that began while `ip` ran began before the cut
     time.sleep(30)
     cluster.net.link('worker1', up=True)
     return Effect(cut_off={'worker1': cut})  # to the cluster it was dead: its calls were taken over
