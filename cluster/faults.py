@@ -82,14 +82,15 @@ def worker_host_killed(cluster):
 
 
 def api_host_killed(cluster):
-    killed = time.time()
+    killing = time.time()
     cluster.kill_host('api1')
+    killed = time.time()
     time.sleep(5)
     started = time.time()
     cluster.start_api('api1')  # a container restart: the same host, a new process
     wait_for(lambda: cluster.api_ready('api1'), 60, 'api1 back')
     back = ready_again(cluster, ['api1'])
-    return Effect(unready=[('api1', killed, back)], down=[('api1', killed, started)])
+    return Effect(unready=[('api1', killing, back)], down=[('api1', killed, started)])
 
 
 def rolling_restart(cluster):
@@ -122,13 +123,14 @@ def worker_host_cut_off(cluster):
 
 
 def api_host_cut_off(cluster):
-    cut = time.time()
+    cutting = time.time()
     cluster.net.link('api2', up=False)
+    cut = time.time()
     time.sleep(30)
+    relinking = time.time()
     cluster.net.link('api2', up=True)
-    linked = time.time()
     back = ready_again(cluster, ['api2'])
-    return Effect(unready=[('api2', cut, back)], down=[('api2', cut, linked)])
+    return Effect(unready=[('api2', cutting, back)], down=[('api2', cut, relinking)])
 
 
 def worker_clock_ahead(cluster):
@@ -148,7 +150,7 @@ def database_restarted(cluster):
     cluster.stop_host('db', seconds=30)
     stopped = time.time()
     time.sleep(5)
-    up = time.time()
+    up = time.time()  # before the start: from here the database may answer
     cluster.start_database()
     back = ready_again(cluster, API_HOSTS)
     return Effect(unready=[(host, stopping, back) for host in API_HOSTS],
