@@ -242,7 +242,7 @@ def lanes_within_limits(calls, window=None, clock_ahead=None):
     if window:
         inside = sum(1 for call in calls.values() if within(call.created_at.timestamp(), window))
         detail += (f'; judged outside the failover window ({window[1] - window[0]:.1f} s from the old primary '
-                   f'lost to every API host reconnected; {inside} calls came in it)')
+                   f'lost to every API host reconnected; calls made in it: {inside})')
     return Check('no lane over its limit outside the failover window', passed, detail)
 
 

@@ -24,8 +24,8 @@ catch and sees it fail):
 - **leases**: no lease left in any lane, `lease_seconds` + one renewal after the last call ended;
 - **lanes**: from the rows, over the whole fault, no call admitted into a lane that already held its limit
   of counted open calls, and no call let through uncounted (`unavailable`), except inside a Redis
-  failover's window as the harness measures it (from the old primary's kill or the `SENTINEL FAILOVER`
-  command until the Sentinels named the new primary and every API host's `/readyz` answered 200 again,
+  failover's window as the harness measures it (from the old primary's kill, or the failover asked of a
+  Sentinel, until the Sentinels named the new primary and every API host's `/readyz` answered 200 again,
   plus the breaker's 0.5 s probe); and a work taken over from a dead node counted over each of its lanes
   (documented: in each lane, one over per such work in it);
 - **pools**: each queue's pool processes across the live nodes add up to its configured size
