@@ -118,8 +118,10 @@ class Cluster:
                 f'hostname {host} && exec "$@"', 'sh', *argv]
 
     def start(self, host, role, argv, env=None, stop_signal=signal.SIGTERM):
-        child = Child(f'{host}/{role}', self._argv(host, argv), self.dir / 'logs' / f'{host}-{role}.log',
-                      stop_signal=stop_signal, cwd=ROOT)
+        log = self.dir / 'logs' / f'{host}-{role}.log'
+        if log.exists():  # a restart: the log of the process before is kept (the checks read it), as `.log.N`
+            log.rename(log.with_name(f'{log.name}.{len(list(log.parent.glob(log.name + ".*"))) + 1}'))
+        child = Child(f'{host}/{role}', self._argv(host, argv), log, stop_signal=stop_signal, cwd=ROOT)
         child.start({**(env if env is not None else self.app_env(host))})
         self.children[(host, role)] = child
         return child

@@ -10,26 +10,36 @@ nginx round robin on a proxy host, two worker hosts each running a node for ever
 maintenance worker and Flower on an ops host, and the load generator on a client host (waiting and polling
 clients, single-row and bulk semantic `$match` calls, one polled call in seven cancelled), through the proxy.
 Each fault is injected after 10 s of that load, the load runs on 15 s after the host is back, then stops;
-then the checks run (cluster/checks.py):
+then the checks run (cluster/checks.py; tests/cluster/test_checks.py plants in each the fault it exists to
+catch and sees it fail):
 
 - **final**: every call a client got a handle for (a 202's `Location`, a 200's `Content-Location`) reaches
   a final state within 2 minutes; **cancelled** only those a client cancelled;
-- **runs once**: no work started twice, nor delivered to a second node while the first still had it in its
-  task (Celery's own lines of the worker hosts) — unless the fault killed or cut off a node, when the works
-  taken over are counted;
+- **runs once**: no work ran twice at once, judged by its runs' own times: each run's worker writes a line
+  when it claims the work (the row's `started_at`, by the database's clock) and one when its computation
+  stops (the seconds it ran, by its host's monotonic clock: workers.execution.RunLine); a run with no end
+  line ran until its host was killed, or forever when its host lived. A work ran again only when the node of
+  its run before was killed or cut off after that run began, and every run its row counts (`attempts`) has
+  its lines — a node's death excuses a second run, never an overlap;
 - **leases**: no lease left in any lane, `lease_seconds` + one renewal after the last call ended;
-- **lanes**: from the rows, no call admitted into a lane that already held its limit of open calls, except
-  in the documented windows (a Redis failover's fail-open; a work taken over from a dead node counted over
-  each of its lanes: in each lane, one over per such work in it);
+- **lanes**: from the rows, over the whole fault, no call admitted into a lane that already held its limit
+  of counted open calls, and no call let through uncounted (`unavailable`), except inside a Redis
+  failover's window as the harness measures it (from the old primary's kill, or the failover asked of a
+  Sentinel, until the Sentinels named the new primary and every API host's `/readyz` answered 200 again,
+  plus the breaker's 0.5 s probe); and a work taken over from a dead node counted over each of its lanes
+  (documented: in each lane, one over per such work in it);
 - **pools**: each queue's pool processes across the live nodes add up to its configured size
   (`/capacity/status/`);
 - **latency** (failovers): every `respond-async` submission answered within 10 s (the limiter's and the
   publish deadline plus the Sentinels' detection);
 - **planned restarts** (rolling restart, drain, the clock change's restarts): no request failed (no 502/504
   from nginx, no reset);
-- **/readyz**: each API host's, read every second through the fault and once after: 200 after; not 200 while
-  the database is down; always 200 through a worker host's trouble (a lane without consumers is the
-  cluster's alert, not a host's).
+- **/readyz**: each API host's, read every second through the fault and the load after it, and once at the
+  end: 200 at every read but while the fault took that host, its database or its Redis away (its own kill,
+  cut or restart, until the harness saw it ready again; the database's restart; the failover's window),
+  and not 200 while its process is killed or cut off or the database is stopped; a read is judged inside
+  such a span only when it began and ended there. A worker host's fault never takes an API host out, nor
+  does one API host's fault the other.
 
 Settings that differ from production's defaults, so a fault plays out within a minute: `lease_seconds` 15,
 `renew_seconds` 5, `WORKERS_SWEEP_SECONDS` 5, `WORKERS_SWEEP_GRACE_SECONDS` 10, `WORKERS_RECONCILE_SECONDS` 2,
@@ -71,8 +81,14 @@ def write(path, outcomes, seconds, command, started, figures=None):
                   f'Submissions by answer: `{json.dumps(outcome.figures.get("submissions", {}), sort_keys=True)}`; '
                   f'{outcome.figures.get("handles", 0)} handles; {outcome.figures.get("started twice", 0)} works '
                   f'started twice; the slowest `respond-async` submission took '
-                  f'{outcome.figures.get("async submission max s")} s.', '']
+                  f'{outcome.figures.get("async submission max s")} s'
+                  + (f'; the failover\'s window, measured: {outcome.figures["failover window s"]} s'
+                     if outcome.figures.get('failover window s') is not None else '') + '.', '']
         lines += [f'- {"PASS" if c.passed else "**FAIL**"} {c.name}: {c.detail}' for c in outcome.checks]
+        if outcome.planted:
+            lines += ['', 'The same data with one violation planted (cluster/planted.py): ' + '; '.join(
+                f'{p.check}: {p.what}, ' + {True: 'caught', False: '**missed**', None: 'nothing to plant it in'}[
+                    p.caught] for p in outcome.planted) + '.']
         lines.append('')
     if floor:
         lost = {o.fault: next((c for c in o.checks if c.name.startswith('every handle')), None) for o in outcomes}

@@ -11,7 +11,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from cluster import checks, floor, measure
+from cluster import checks, floor, measure, planted
 from cluster.faults import FAULTS
 from cluster.hosts import API_HOSTS, WORKER_HOSTS, Cluster
 from cluster.load import Load
@@ -30,6 +30,7 @@ class Outcome:
     seconds: float
     checks: list = field(default_factory=list)
     figures: dict = field(default_factory=dict)
+    planted: list = field(default_factory=list)  # cluster.planted.Plant: the checks again, each with a violation
 
     @property
     def passed(self):
@@ -79,9 +80,11 @@ def status_of(cluster):
 
 
 def readyz(cluster):
+    """One read of each API host's /readyz: (host, status, sent, answered), 0 for no answer."""
     import requests
     reads = []
     for host in API_HOSTS:
+        sent = time.time()
         try:
             answer = requests.get(f'http://{cluster.addr(host)}:8000/readyz', timeout=3)
             status = answer.status_code
@@ -90,12 +93,12 @@ def readyz(cluster):
                 status = '503 ' + ','.join(f'{k}={v}' for k, v in failed.items())
         except (requests.RequestException, ValueError):
             status = 0
-        reads.append((host, status, time.time()))
+        reads.append((host, status, sent, time.time()))
     return reads
 
 
 class Watch:
-    """Each API host's /readyz read every second while a fault plays out."""
+    """Each API host's /readyz read every second while a fault plays out and the load runs on after it."""
 
     def __init__(self, cluster):
         self.cluster, self.reads, self.stopping = cluster, [], threading.Event()
@@ -114,30 +117,14 @@ class Watch:
         self.thread.join(10)
 
 
-def truthful(name, effect):
-    """Whether a read of /readyz (host, status, when) told the truth under fault `name`: a host can't take
-    writes while the database is down (503, or no answer); a worker host's trouble (a lane briefly without
-    a consumer) is the cluster's, never an API host's (200); after the fault every host is fit (200)."""
-    down = effect.database_down
-
-    def check(host, status, when, after=False):
-        if after:
-            return status == 200
-        if down and down[0] + 1 < when < down[1] - 0.5:
-            return status != 200
-        if name.startswith('worker-'):
-            return status == 200
-        return True
-    return check
-
-
 def lines_of(cluster):
-    """Celery's lines of the runs the worker hosts finished."""
+    """The worker hosts' lines of each run's start and end (workers.execution.RunLine), from every log their
+    processes wrote this run (a restarted host's earlier logs included: Cluster.start keeps them)."""
     out = []
     for host in WORKER_HOSTS:
         for log in (cluster.dir / 'logs').glob(f'{host}-*.log*'):
             for text in log.read_text(errors='replace').splitlines():
-                if text.startswith('{') and '"celery.app.trace"' in text:
+                if text.startswith('{') and '"run": {' in text:
                     try:
                         out.append(json.loads(text))
                     except ValueError:
@@ -166,7 +153,7 @@ def one_fault(cluster, load, name, warm, after):
     time.sleep(warm)
     with Watch(cluster) as watch:
         effect = FAULTS[name](cluster)
-    time.sleep(after)
+        time.sleep(after)
     load.stop()
     submissions = load.handles(since=started)
     outcome = Outcome(name, 0)
@@ -175,19 +162,22 @@ def one_fault(cluster, load, name, warm, after):
     final, calls = checks.wait_final(submissions, timeout=120)
     outcome.checks.append(final)
     outcome.checks.append(checks.cancelled_only_when_asked(submissions, calls))
-    outcome.checks.append(checks.runs_once(calls, lines_of(cluster), effect.node_died))
+    runs = checks.runs_of(lines_of(cluster))
+    outcome.checks.append(checks.runs_once(calls, runs, effect.killed, effect.cut_off))
     ends = [call.work.finished_at.timestamp() for call in calls.values() if call.work.finished_at]
     last_end = min(max(ends, default=time.time()), time.time())  # a host with its clock ahead wrote some
     outcome.checks.append(checks.leases_back(lanes_client(), os.environ.get('CAPACITY_KEY_PREFIX', 'ocl:capacity'),
                                              last_end, LEASE_SECONDS + RENEW_SECONDS, timeout=60))
-    outcome.checks.append(checks.lanes_within_limits(calls, effect.fail_open, effect.clock_ahead))
+    outcome.checks.append(checks.lanes_within_limits(calls, effect.failover, effect.clock_ahead))
     outcome.checks.append(checks.pools_sum(lambda: status_of(cluster)))
     all_sent = [s for s in load.submissions if s.sent >= started]
-    if effect.fail_open:  # the issue's bound is the failover's; other faults report their latency below
+    if effect.failover:  # the issue's bound is the failover's; other faults report their latency below
         outcome.checks.append(checks.latency(all_sent, LATENCY_BOUND))
     if name in PLANNED:
         outcome.checks.append(checks.planned_restart_loses_no_request(all_sent))
-    outcome.checks.append(checks.readiness(watch.reads, readyz(cluster), truthful(name, effect)))
+    final_reads = readyz(cluster)
+    outcome.checks.append(checks.readiness(watch.reads, final_reads, effect.unready, effect.down))
+    outcome.planted = planted.plant(calls, runs, effect, watch.reads, final_reads)
     statuses = {}
     for s in all_sent:
         key = str(s.status or s.error)
@@ -195,7 +185,9 @@ def one_fault(cluster, load, name, warm, after):
     took = sorted(s.took for s in all_sent if s.kind == 'polling')
     outcome.figures = {'submissions': statuses, 'handles': len(submissions),
                        'async submission max s': round(took[-1], 2) if took else None,
-                       'started twice': sum(1 for c in calls.values() if c.work.attempts > 1)}
+                       'started twice': sum(1 for c in calls.values() if c.work.attempts > 1),
+                       'failover window s': round(effect.failover[1] - effect.failover[0], 1) if effect.failover
+                       else None}
     outcome.seconds = time.time() - started
     return outcome
 
@@ -221,6 +213,9 @@ def run(workdir, faults, say=print, warm=10, after=15, measure_cost=True, compar
             say(f'{name}: {"PASS" if outcome.passed else "FAIL"} in {outcome.seconds:.0f} s')
             for check in outcome.checks:
                 say(f'    {"PASS" if check.passed else "FAIL"} {check.name}: {check.detail}')
+            for plant in outcome.planted:
+                say(f'    planted in {plant.check!r}: {plant.what}: '
+                    f'{ {True: "caught", False: "MISSED", None: "nothing to plant in"}[plant.caught] }')
         floor_faults = [name for name in floor.FAULT_STEPS if name in faults]
         if compare_floor and floor_faults:
             cluster.floor = floor.compare(cluster, floor_faults)

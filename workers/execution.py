@@ -152,6 +152,7 @@ def run_loaded(first, perform, node, soft_limit, claimed=None):
     running = Running()
     heartbeat = None
     began = None
+    run_line = RunLine(work, worker)
     try:  # from here on the work is ours: whatever stops it (its soft time limit too) ends it here
         if lease.holding and not renewed and (early or not lease.renew()):
             if not (start.redelivered and lease.retake(work.lease.get('limits') or [])):
@@ -159,7 +160,10 @@ def run_loaded(first, perform, node, soft_limit, claimed=None):
                 logger.warning('Heavy work %s runs without its leases (lease_lost)', work.pk)
         heartbeat = start_heartbeat(work, worker, lease, config, running)
         began = time.monotonic()
-        result = running.run(perform, work)
+        try:
+            result = running.run(perform, work)
+        finally:
+            run_line.ended()
     except CallStopped:
         with terminate_deferred() as ending:
             ending.cancelled = True
@@ -189,6 +193,28 @@ def run_loaded(first, perform, node, soft_limit, claimed=None):
         ending.cancelled = text is None
         end(first, worker, lease, heartbeat, recorded=text is not None, ran=ran, result_text=text)
     return result
+
+
+class RunLine:
+    """The two log lines of one run of a work: `started` when this delivery claimed it, `ended` when its
+    computation stopped (returned, raised, or was stopped by a cancel), before its end is recorded. Each
+    carries `run`: the work, the run's number (the row's `attempts` after the claim), the worker, the claim's
+    time by the database's clock (`started`, the row's `started_at`, which a later run overwrites) and, on
+    the end, the seconds it ran by this host's monotonic clock: two runs of one work on two hosts compare
+    on one clock whatever each host's says. A run with a start and no end died with its process.
+    docs/cluster.md judges "no work runs twice at once" by these."""
+
+    def __init__(self, work, worker):
+        self.run = {'work': work.pk, 'attempt': work.attempts, 'worker': worker,
+                    'started': work.started_at.isoformat() if work.started_at else None}
+        self.clock = time.monotonic()
+        logger.info('Heavy work %s: run %s started on %s', work.pk, work.attempts, worker,
+                    extra={'run': self.run})
+
+    def ended(self):
+        seconds = round(time.monotonic() - self.clock, 3)
+        logger.info('Heavy work %s: run %s ended after %.3f s', self.run['work'], self.run['attempt'], seconds,
+                    extra={'run': {**self.run, 'seconds': seconds}})
 
 
 def swallowed_exit(ex):

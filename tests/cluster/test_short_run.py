@@ -1,8 +1,9 @@
 """The cluster harness's short version (cluster/, `python -m cluster --short`): the production shape on this
 machine — PostgreSQL, Redis behind three Sentinels, two gunicorn API hosts behind nginx, two worker hosts,
 beat, the maintenance worker and Flower, each in its own network namespace — with a worker host killed
-whole and the Redis primary SIGKILLed under load. Every check of the report must pass, and nothing the run
-started (a process, a namespace) may be left behind. Needs root; locally a skip, in CI a failure."""
+whole and the Redis primary SIGKILLed under load. Every check of the report must pass, each must fail on
+its fault's data with a violation planted in it, and nothing the run started (a process, a namespace) may
+be left behind. Needs root; locally a skip, in CI a failure."""
 import os
 import shutil
 import subprocess
@@ -47,4 +48,6 @@ def test_a_killed_worker_host_and_a_redis_failover_lose_nothing(tmp_path):
     text = report.read_text() if report.exists() else ''
     assert code == 0, f'{log.read_text()[-6000:]}\n{text}'
     assert text.count('PASS') >= 16 and 'FAIL' not in text, text  # 2 faults x 8 checks
+    # each fault's own data judged again with an overlap, a lane over and a /readyz 503 planted: all caught
+    assert text.count(', caught') == 6 and 'missed' not in text, text
     assert not namespaces()

@@ -96,6 +96,35 @@ def test_a_call_renews_its_queued_leases_runs_and_releases_them(deliver, make_us
     assert line['run_ms'] >= 0 and line['wait_ms'] >= 0 and line['lease_lost'] is None
 
 
+def test_a_run_logs_its_start_by_the_databases_clock_and_how_long_it_ran(deliver, make_user, lanes, lines,
+                                                                          caplog):
+    # docs/cluster.md judges "no work runs twice at once" by these two lines of every run
+    call = admitted(make_user())
+    caplog.set_level('INFO', logger='heavy_lanes')
+
+    def perform(row):
+        time.sleep(0.2)  # the run itself: the seconds the end line must cover
+        return {'ok': True}
+    deliver(call.pk, perform=perform, node='w@h')
+    runs = [record.run for record in caplog.records if hasattr(record, 'run')]
+    call.refresh_from_db()
+    started = {'work': call.pk, 'attempt': 1, 'worker': call.worker, 'started': call.started_at.isoformat()}
+    assert runs[0] == started
+    assert runs[1] == {**started, 'seconds': runs[1]['seconds']} and 0.2 <= runs[1]['seconds'] < 5
+    assert len(runs) == 2
+
+
+def test_a_run_a_cancel_stops_still_logs_its_end(deliver, make_user, lanes, lines, caplog):
+    call = admitted(make_user())
+    caplog.set_level('INFO', logger='heavy_lanes')
+
+    def perform(row):
+        raise execution.CallStopped()
+    assert deliver(call.pk, perform=perform, node='w@h') is None
+    assert [sorted(record.run) for record in caplog.records if hasattr(record, 'run')] == [
+        ['attempt', 'started', 'work', 'worker'], ['attempt', 'seconds', 'started', 'work', 'worker']]
+
+
 def test_a_runs_end_releases_and_announces_in_one_round_trip(deliver, make_user, lanes, lines):
     from workers import notify
     call = admitted(make_user())
