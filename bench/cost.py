@@ -159,11 +159,12 @@ class Meter:
         # Redis's CPU without the time its INFO commands took (only the snapshots send INFO).
         redis_cpu_s = (float(info['used_cpu_sys']) + float(info['used_cpu_user'])
                        - info.get('cmdstat_info', {}).get('usec', 0) / 1e6)
+        stats = {key[len('cmdstat_'):]: value for key, value in info.items() if key.startswith('cmdstat_')}
         self.own_cpu_s += _own_cpu_s() - started
         return Snapshot(at=time.monotonic(), round_trips=round_trips, cpu_s=cpu, pg_statements=statements,
                         pg_commits=commits, redis_cpu_s=redis_cpu_s,
-                        commands={key[len('cmdstat_'):]: value['calls'] for key, value in info.items()
-                                  if key.startswith('cmdstat_')})
+                        commands={name: value['calls'] for name, value in stats.items()},
+                        redis_command_s=sum(value['usec'] for name, value in stats.items() if name != 'info') / 1e6)
 
 
 def _own_cpu_s():

@@ -2,7 +2,8 @@
 arithmetic on snapshots, no services.
 
 A `Snapshot` is every counter read at one moment: Redis's commands by name (`INFO commandstats`, the
-commands scripts run included) and its CPU (`used_cpu_sys + used_cpu_user`), the round trips each group of
+commands scripts run included), its CPU (`used_cpu_sys + used_cpu_user`) and the commands' own time (their
+`usec`), the round trips each group of
 processes counted at the client (api/bench_round_trips.py), PostgreSQL's statements (pg_stat_statements)
 and commits (`xact_commit`) in the bench database, and the CPU each group of processes used. `delta` is
 what changed between two; `per_call` divides a window's change by its calls after taking away what the
@@ -29,6 +30,7 @@ class Snapshot:
     pg_statements: int        # calls of every statement in the bench database (pg_stat_statements)
     pg_commits: int           # xact_commit of the bench database
     cpu_s: dict               # {process group: CPU seconds}
+    redis_command_s: float = 0.0  # the commands' own time (commandstats `usec`), INFO's left out
 
 
 def _diff(after, before):
@@ -48,7 +50,8 @@ def delta(before, after):
     round_trips[CLIENT] = round_trips.get(CLIENT, 0) - OWN_INFO
     return Snapshot(at=after.at - before.at, commands=commands, redis_cpu_s=after.redis_cpu_s - before.redis_cpu_s,
                     round_trips=round_trips, pg_statements=after.pg_statements - before.pg_statements,
-                    pg_commits=after.pg_commits - before.pg_commits, cpu_s=_diff(after.cpu_s, before.cpu_s))
+                    pg_commits=after.pg_commits - before.pg_commits, cpu_s=_diff(after.cpu_s, before.cpu_s),
+                    redis_command_s=after.redis_command_s - before.redis_command_s)
 
 
 def add(first, second):
@@ -57,7 +60,8 @@ def add(first, second):
                     redis_cpu_s=first.redis_cpu_s + second.redis_cpu_s,
                     round_trips=_sum(first.round_trips, second.round_trips),
                     pg_statements=first.pg_statements + second.pg_statements,
-                    pg_commits=first.pg_commits + second.pg_commits, cpu_s=_sum(first.cpu_s, second.cpu_s))
+                    pg_commits=first.pg_commits + second.pg_commits, cpu_s=_sum(first.cpu_s, second.cpu_s),
+                    redis_command_s=first.redis_command_s + second.redis_command_s)
 
 
 def scaled(window, factor):
@@ -66,7 +70,8 @@ def scaled(window, factor):
         return {key: value * factor for key, value in values.items()}
     return Snapshot(at=window.at * factor, commands=times(window.commands), redis_cpu_s=window.redis_cpu_s * factor,
                     round_trips=times(window.round_trips), pg_statements=window.pg_statements * factor,
-                    pg_commits=window.pg_commits * factor, cpu_s=times(window.cpu_s))
+                    pg_commits=window.pg_commits * factor, cpu_s=times(window.cpu_s),
+                    redis_command_s=window.redis_command_s * factor)
 
 
 def rates(idle):
@@ -98,6 +103,8 @@ def figures(change, calls):
         'pg_commits': round(per.pg_commits, 1),
         'cpu_ms_by_process': _rounded({name: seconds * 1000 for name, seconds in per.cpu_s.items()}, 2, 0.005),
         'redis_script_calls': round(sum(per.commands.get(name, 0) for name in SCRIPT_COMMANDS), 1),
+        # Redis's time in the commands themselves (no network or event loop): steadier than its CPU.
+        'redis_command_us': round(per.redis_command_s * 1e6, 1),
         'redis_commands_by_name': _rounded(per.commands),
         'redis_round_trips_by_process': _rounded(per.round_trips),
         'cpu_ms': round(sum(per.cpu_s.values()) * 1000, 2),
@@ -115,6 +122,7 @@ def idle_figures(idle):
         'redis_round_trips_per_s': round(sum(idle_rates.round_trips.values()), 1),
         'redis_round_trips_by_process_per_s': _rounded(idle_rates.round_trips, 2, 0.005),
         'redis_cpu_us_per_s': round(idle_rates.redis_cpu_s * 1e6, 1),
+        'redis_command_us_per_s': round(idle_rates.redis_command_s * 1e6, 1),
         'pg_statements_per_s': round(idle_rates.pg_statements, 2),
         'pg_commits_per_s': round(idle_rates.pg_commits, 2),
         'cpu_ms_by_process_per_s': _rounded({name: s * 1000 for name, s in idle_rates.cpu_s.items()}, 2, 0.005),

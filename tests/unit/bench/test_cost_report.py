@@ -7,9 +7,9 @@ from bench.cost_report import (
 )
 
 
-def snap(at, commands=None, cpu=0.0, trips=None, statements=0, commits=0, cpu_s=None):
+def snap(at, commands=None, cpu=0.0, trips=None, statements=0, commits=0, cpu_s=None, command_s=0.0):
     return Snapshot(at=at, commands=commands or {}, redis_cpu_s=cpu, round_trips=trips or {},
-                    pg_statements=statements, pg_commits=commits, cpu_s=cpu_s or {})
+                    pg_statements=statements, pg_commits=commits, cpu_s=cpu_s or {}, redis_command_s=command_s)
 
 
 def test_a_window_leaves_out_the_info_command_and_round_trip_of_its_own_first_snapshot():
@@ -25,11 +25,11 @@ def test_the_idle_rate_over_the_windows_length_is_taken_away_before_dividing_by_
     # Idle: 20 s in which Redis ran 40 BRPOPs and 2 ms of CPU, a consumer made 40 round trips, PostgreSQL
     # 10 statements and 10 commits, the consumer used 0.2 s of CPU.
     idle = snap(20.0, {'brpop': 40}, cpu=0.002, trips={'interactive consumer': 40}, statements=10, commits=10,
-                cpu_s={'interactive consumer': 0.2})
+                cpu_s={'interactive consumer': 0.2}, command_s=0.0004)
     # 10 calls in 5 s: 10 of those BRPOPs are the idle stack's, the rest the calls'.
     window = snap(5.0, {'brpop': 20, 'evalsha': 70, 'info': 0}, cpu=0.0125,
                   trips={'interactive consumer': 30, 'api': 40, CLIENT: 0}, statements=62.5, commits=32.5,
-                  cpu_s={'interactive consumer': 0.25, 'api': 0.1})
+                  cpu_s={'interactive consumer': 0.25, 'api': 0.1}, command_s=0.0031)
     result = figures(net(window, rates(idle)), calls=10)
     assert result['redis_commands'] == 8.0           # (20 - 10 + 70) / 10
     assert result['redis_script_calls'] == 7.0
@@ -37,6 +37,7 @@ def test_the_idle_rate_over_the_windows_length_is_taken_away_before_dividing_by_
     assert result['redis_round_trips'] == 6.0        # (30 - 10 + 40) / 10
     assert result['redis_round_trips_by_process'] == {'api': 4.0, 'interactive consumer': 2.0}
     assert result['redis_cpu_us'] == 1200.0          # (12.5 ms - 0.5 ms) / 10
+    assert result['redis_command_us'] == 300.0       # (3.1 ms - 0.1 ms) / 10
     assert result['pg_statements'] == 6.0            # (62.5 - 2.5) / 10
     assert result['pg_commits'] == 3.0
     assert result['cpu_ms_by_process'] == {'api': 10.0, 'interactive consumer': 20.0}
