@@ -60,6 +60,7 @@ bench: $(STAMP)
 	$(PY) bench/answer_memory.py --case lexical --echo-bytes 67108864
 	$(PY) bench/flood.py
 	$(PY) bench/flood_cpu.py
+	$(PY) bench/cost.py
 
 # The production shape on this machine (cluster/, docs/cluster.md): one network namespace per host, every fault
 # of the issue under load, the checks after each; writes docs/cluster.md. Needs root (it installs nginx,

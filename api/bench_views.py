@@ -44,6 +44,10 @@ Experiment, off unless HEAVY_LANES_BENCH_DB_REUSE=1 (bench/roundtrip.py --db-reu
 this module keeps its database connections between tasks (closing only unusable or obsolete ones, by
 CONN_MAX_AGE), as the proposed `CELERY_DB_REUSE_MAX` setting would, instead of Celery's Django fixup closing
 every connection before and after every task.
+
+Round trips counted, off unless HEAVY_LANES_BENCH_ROUND_TRIPS_DIR=DIR (bench/cost.py): any process that imports
+this module (the API's processes, the lane workers and their pool processes, the benchmark itself) counts
+its Redis round trips into DIR (api/bench_round_trips.py).
 """
 import json
 import os
@@ -208,6 +212,9 @@ if os.environ.get('HEAVY_LANES_BENCH_PROJECTION_FIX') == '1':
     simulate_projection_fix()
 if os.environ.get('HEAVY_LANES_BENCH_DB_REUSE') == '1':
     simulate_db_reuse()
+if os.environ.get('HEAVY_LANES_BENCH_ROUND_TRIPS_DIR'):
+    from api import bench_round_trips
+    bench_round_trips.install(os.environ['HEAVY_LANES_BENCH_ROUND_TRIPS_DIR'])
 
 
 urlpatterns = [
