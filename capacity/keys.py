@@ -144,6 +144,12 @@ def notice_channel(work_id):
     return f'heavy-lanes:done:{work_id}'
 
 
+def process_notice_channel(host, pid, nonce):
+    """The pub/sub channel of one API process's own notices (workers.notify.Hub.own): the ends of the works
+    its waiting requests published. Outside notice_channel's pattern, so no other process hears them."""
+    return f'heavy-lanes:notices-to:{host}:{pid}:{nonce}'
+
+
 def invalidation_channel():
     """The pub/sub channel a change to a fact API processes keep is announced on (workers.local_cache). Like
     the notices', not under the key prefix: every process hears it, whatever prefix it uses.

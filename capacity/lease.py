@@ -33,6 +33,7 @@ class Lease:
         self.renewals_failed = 0
         self.error = None
         self.released = False
+        self.heard = None  # the processes its end's notice reached (PUBLISH's answer), when it went out
 
     def renew(self):
         """Extend every lease by lease_ms from now, or none of them; True when all were held."""
@@ -112,7 +113,9 @@ class Lease:
         """Keep what this lease's end in `release_and_end_all` met; whether its notice went out."""
         if self.note(ended) and isinstance(ended.removed, Exception):
             self.error = failopen.describe(ended.removed)
-        return bool(ended) and notice is not None and not isinstance(ended.published, Exception)
+        sent = bool(ended) and notice is not None and not isinstance(ended.published, Exception)
+        self.heard = ended.published if sent and isinstance(ended.published, int) else None
+        return sent
 
     def note(self, answer):
         """Keep what a release met (an Unknown: skipped or failed, and deferred by the store); True when the

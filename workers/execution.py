@@ -100,10 +100,11 @@ class Running:
             return True
 
 
-def run(work_id, perform=None, node='', soft_limit=None, leases=None):
+def run(work_id, perform=None, node='', soft_limit=None, leases=None, notice_to=None):
     """Run the work `work_id` and return its result (None when it was skipped or stopped). A failure is
     recorded and re-raised. `soft_limit` is the message's soft time limit in seconds (for the error);
-    `leases`, the worker leases its message carries (Admission.worker_lease_message), if it does."""
+    `leases`, the worker leases its message carries (Admission.worker_lease_message), if it does;
+    `notice_to`, the notice channel of the API process whose request waits for it (notify.reply_to)."""
     perform = perform or domain.perform
     config = get_config()
     early = lease_from_message(leases, config.lease_seconds * 1000) if leases is not None else None
@@ -112,12 +113,14 @@ def run(work_id, perform=None, node='', soft_limit=None, leases=None):
         renewed = early.renew()
         first = lifecycle.claim_first(work_id, lifecycle.worker_name(node))
         if first is not None:
+            first.work.notice_to = notice_to if isinstance(notice_to, str) else None
             with request_id.bound(first.request_id or request_id.get()):
                 return run_loaded(first, perform, node, soft_limit, claimed=(early, renewed))
     first = lifecycle.load(work_id)
     if first is None:
         logger.warning('Heavy work %s has no row: its submission never committed; dropped', work_id)
         return None
+    first.work.notice_to = notice_to if isinstance(notice_to, str) else None
     with request_id.bound(first.request_id or request_id.get()):  # the row's id is the truth
         return run_loaded(first, perform, node, soft_limit)
 

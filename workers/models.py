@@ -70,6 +70,9 @@ TRANSITIONS = {
 
 
 class Work(models.Model):
+    # Not a field: the notice channel of the API process whose request waits for this work, as its message
+    # named it (workers.notify.reply_to); its end is announced there when no other call joined it.
+    notice_to = None
     id = models.CharField(primary_key=True, max_length=32, editable=False)  # Celery task id, lease token
     # The key of identical work (workers.sharing.work_key): an open work answers every call with its key.
     work_key = models.CharField(max_length=64, blank=True, default='', db_index=True)

@@ -26,6 +26,17 @@ A request can register its watch before its call is published (`watch`, then `wa
 the call can't end before its watch, so the wait needn't read the row first (a notice, or the first
 periodic look, finds the end).
 
+A notice goes to one process only when it can (`reply_to`): the hub also subscribes to a channel of its own
+(`Hub.own`: host, pid and a random part, so a forked or restarted process has a new one), and a request
+that watches its work before publishing it names that channel in the work's message (NOTICE_HEADER, while
+the hub is connected). The worker then announces the end of a work no other call joined there, as
+`<work id>` and a newline before the notice (`notice(..., to=)`), instead of on the work's channel, which
+every API process hears; so with P API processes a result is read once, not P times. Everything else keeps
+the work's channel: a shared work's end, a cancel, a message that names no channel (an older API, a sweep's
+new message), a notice no process heard (PUBLISH counted nobody: the process is gone), and a private notice
+that found no watch in its process (its request stopped waiting; the hub sends it on bare, for a long poll
+elsewhere).
+
 The same connection carries the process's invalidations (capacity.keys.invalidation_channel): a message
 there names a fact the process may keep (a token, a source's version: workers.local_cache) that changed.
 The hub hands each to its `listeners`, and tells them when it is connected (subscribed to both) and when it
@@ -35,6 +46,9 @@ Written by hand because redis-py's pub/sub gives one connection per subscriber a
 waiting threads.
 """
 import logging
+import os
+import secrets
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -43,6 +57,7 @@ import redis
 
 from capacity.keys import invalidation_channel
 from capacity.keys import notice_channel as channel
+from capacity.keys import process_notice_channel
 from common import connections
 from common.process import PerProcess
 
@@ -53,6 +68,7 @@ PING_SECONDS = 10.0
 STALE_SECONDS = 30.0
 RECONNECT_SECONDS = 1.0
 NOTICE_RESULT_LIMIT = 1 << 20  # a larger result is announced bare: its waiter reads it from the database
+NOTICE_HEADER = 'heavy_lanes_notice_to'  # the message header naming the process whose request waits (reply_to)
 
 
 def get_client():
@@ -69,13 +85,24 @@ def publish(call_id, state, result=None, count=None):
         pass
 
 
-def notice(call_id, state, result=None, count=None):
+def notice(call_id, state, result=None, count=None, to=None):
     """(channel, message) of the notice that a call reached `state` (see `publish`), for a caller that
-    sends it in a round trip of its own (the end of a run: capacity.store.release_and_end)."""
+    sends it in a round trip of its own (the end of a run: capacity.store.release_and_end). `to`: the
+    channel of the one process whose request waits for it (reply_to), else the call's own channel."""
     message = str(state)
     if result is not None and len(result) <= NOTICE_RESULT_LIMIT:
         message = f'{message} {int(count)}\n{result}' if count is not None else f'{message}\n{result}'
-    return channel(call_id), message
+    return (to, f'{call_id}\n{message}') if to else (channel(call_id), message)
+
+
+def reply_to(call_id):
+    """This process's own notice channel when one of its requests watches `call_id` and its hub is
+    connected (so it hears that channel), for the message of the call's work (NOTICE_HEADER); else None."""
+    hub = _hubs.peek()
+    if hub is None or not hub.connected.is_set():
+        return None
+    with hub.lock:
+        return hub.own if call_id in hub.waiters else None
 
 
 @dataclass(frozen=True)
@@ -121,6 +148,9 @@ class Hub:
         self.connected = threading.Event()
         self.thread = None
         self.prefix = channel('')
+        self.own = process_notice_channel(socket.gethostname(), os.getpid(), secrets.token_hex(4))
+        self.heard = 0  # notices heard, on either channel (tests and the cost measure read it)
+        self.stopping = threading.Event()  # set by `stop` (a process's own hub runs as long as it does)
         # The shared periodic look (ended_lately): when the last one started, and the works it found ended.
         self.look_lock = threading.Lock()
         self.looked_at = None
@@ -139,6 +169,12 @@ class Hub:
         if self.thread is None or not self.thread.is_alive():
             self.thread = threading.Thread(target=self.run, name='heavy-lanes-notices', daemon=True)
             self.thread.start()
+
+    def stop(self):
+        """Let the subscriber thread end within a second (a test's second hub, standing for another process)."""
+        self.stopping.set()
+        if self.thread is not None:
+            self.thread.join(5)
 
     def listen_for_invalidations(self, listener):
         """Tell `listener` of every invalidation and of the connection's state, from now on; starts the hub."""
@@ -182,14 +218,26 @@ class Hub:
             return self.looked_ended
 
     def wake(self, call_id, notice=None):
+        """Wake the watches of `call_id` with `notice`; whether there were any."""
         notice = notice or Notice('')
         with self.lock:
             watches = list(self.waiters.get(call_id, ()))
         for watch in watches:
             watch.add(notice)
+        return bool(watches)
+
+    def own_notice(self, data):
+        """A notice on this process's own channel (`<work id>`, a newline, the notice): wake its watches, or
+        when none is left (its request stopped waiting), send it on bare on the work's channel, where a long
+        poll in another process hears it."""
+        text = data.decode() if isinstance(data, bytes) else str(data)
+        call_id, _, rest = text.partition('\n')
+        found = parse(rest)
+        if call_id and not self.wake(call_id, found):
+            publish(call_id, found.state)
 
     def run(self):
-        while True:
+        while not self.stopping.is_set():
             try:
                 self.listen()
             except Exception as ex:  # noqa: BLE001 - the hub never dies: a closed socket raises ValueError too
@@ -211,12 +259,12 @@ class Hub:
     def listen(self):
         pubsub = get_client().pubsub(ignore_subscribe_messages=False)
         try:
-            # Subscribed in this order, the psubscribe's confirmation comes after the subscribe's: once it
-            # has come, both channels are heard.
-            pubsub.subscribe(invalidation_channel())
+            # Subscribed in this order, the psubscribe's confirmation comes after the subscribes': once it
+            # has come, every channel is heard (reply_to names `own` only then).
+            pubsub.subscribe(invalidation_channel(), self.own)
             pubsub.psubscribe(self.prefix + '*')
             heard = pinged = time.monotonic()
-            while True:
+            while not self.stopping.is_set():
                 message = pubsub.get_message(timeout=1.0)
                 now = time.monotonic()
                 if message is not None:
@@ -226,8 +274,14 @@ class Hub:
                         self.connected.set()
                         self.tell('connected')
                     elif kind == 'message':
-                        self.tell('invalidated', message.get('data', b''))
+                        name = message['channel']
+                        if (name.decode() if isinstance(name, bytes) else name) == self.own:
+                            self.heard += 1
+                            self.own_notice(message.get('data', b''))
+                        else:
+                            self.tell('invalidated', message.get('data', b''))
                     elif kind == 'pmessage':
+                        self.heard += 1
                         name = message['channel']
                         name = name.decode() if isinstance(name, bytes) else name
                         self.wake(name[len(self.prefix):], parse(message.get('data', '')))

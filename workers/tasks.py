@@ -2,7 +2,7 @@
 (workers.execution.run) and the periodic maintenance that Celery beat sends to the `maintenance` queue
 (workers.sweep, workers.retention)."""
 from common.database import DATABASE_DOWN
-from workers import execution, retention, sweep
+from workers import execution, notify, retention, sweep
 from workers.celery import LEASES_HEADER, RETENTION_TASK, SWEEP_TASK, TASK_NAME, app
 
 RETRY_MAX_SECONDS = 30
@@ -18,7 +18,8 @@ def run_heavy_call(self, call_id):
     try:
         # The result is stored by the lifecycle; Celery needn't log it.
         execution.run(call_id, node=self.request.hostname or '', soft_limit=limits[1],
-                      leases=getattr(self.request, LEASES_HEADER, None))
+                      leases=getattr(self.request, LEASES_HEADER, None),
+                      notice_to=getattr(self.request, notify.NOTICE_HEADER, None))
     except execution.Busy as busy:
         # Another worker runs it now. Not run, not dropped: if that worker dies, this message is its
         # redelivery; if the call ends first, the next look finds it ended.

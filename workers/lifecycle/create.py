@@ -8,7 +8,7 @@ from django.utils import timezone
 from capacity import counters
 from capacity.admission import LEASE_MESSAGE_KEYS
 from capacity.config import get_config, time_limits
-from workers import publisher
+from workers import notify, publisher
 from workers.celery import LEASES_HEADER, TASK_NAME, app
 from workers.lifecycle import statements
 from workers.lifecycle.reads import log_line
@@ -32,9 +32,14 @@ def send(work, expires=True, request_id=''):
     the queue deadline bounds the wait for a first start, and a worker discards a message past its
     `expires` unread, so a takeover after the deadline would never happen and the work would stay
     `running` on nobody. A work not started yet carries its worker leases (LEASES_HEADER): its worker
-    renews them and claims the row in one statement, without reading it first (workers.execution.run)."""
+    renews them and claims the row in one statement, without reading it first (workers.execution.run).
+    A work a request of this process waits for names this process's notice channel (notify.reply_to): its
+    end is announced there only."""
     limits = time_limits(get_config())
     headers = {'request_id': request_id or None}
+    to = notify.reply_to(work.pk)
+    if to:
+        headers[notify.NOTICE_HEADER] = to
     if expires:
         headers[LEASES_HEADER] = {key: work.lease[key] for key in LEASE_MESSAGE_KEYS if key in work.lease}
     publisher.publish(app.send_task, TASK_NAME, args=[work.pk], task_id=work.pk, queue=work.queue,

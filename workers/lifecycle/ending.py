@@ -266,7 +266,7 @@ def ended(work, lease=None, result_text=None, first=None, sent=False):
         call.work = work
         log_line(call, work, lease)
     if not sent:
-        notify.publish(work.pk, work.state, notice_result(work, result_text), work.answer_count)
+        notify.publish(work.pk, work.state, notice_result(work, result_text), work.answer_count)  # every process
         sharing.release_work(work)
 
 
@@ -276,13 +276,24 @@ def notice_result(work, result_text):
     return result_text if work.state == State.SUCCEEDED and not work.shared else None
 
 
+def notice_to(work):
+    """The channel of the one API process that waits for `work` (its message named it: notify.reply_to),
+    when no other call joined it; None: its end goes to every process."""
+    return None if work.shared else work.notice_to
+
+
 def end_with_release(work, lease, ran=None, result_text=None, first=None):
     """`ended` for a run its worker recorded, whose leases go back now: the release, the completion notice
     and the work's release go to Redis in one round trip (capacity.lease.Lease.release_and_end: the pool
-    process's next call waits behind every round trip of this one's end)."""
+    process's next call waits behind every round trip of this one's end). A notice for one process that
+    no process heard (it is gone) goes to every process after all: a long poll elsewhere hears it."""
+    to = notice_to(work)
     published = lease.release_and_end(ran=ran, notice=notify.notice(
-        work.pk, work.state, notice_result(work, result_text), work.answer_count), work=sharing.work_release(work))
+        work.pk, work.state, notice_result(work, result_text), work.answer_count, to=to),
+        work=sharing.work_release(work))
     note_limiter(work, lease)
+    if published and to and lease.heard == 0:
+        notify.publish(work.pk, work.state)
     if not published:
         notify.publish(work.pk, work.state, notice_result(work, result_text), work.answer_count)
         sharing.release_work(work)

@@ -278,6 +278,32 @@ def test_a_waiting_request_is_answered_from_its_calls_end_notice_without_reading
     assert int(response['num_returned']) == sum(len(entry['results']) for entry in response.json())
 
 
+def test_a_waited_calls_end_goes_to_its_own_api_process_only(
+        in_process_worker, tiny_source, make_user, api_as, lanes_redis):
+    """With two API processes, the end of a call one of them waits for reaches that one alone: the other's
+    subscriber hears nothing of it (before, every process heard every result). `other` is the second
+    process's hub: its own subscriber connection and its own channel, as in another gunicorn worker."""
+    from workers import notify
+    hub, other = notify.get_hub(), notify.Hub()
+    heard = []
+    real_wake = other.wake
+    other.wake = lambda call_id, notice=None: heard.append((call_id, notice)) or real_wake(call_id, notice)
+    other.start()
+    try:
+        hub.unwatch(hub.watch('warm-up'))  # the hub subscribes: the request's watch begins connected
+        assert hub.connected.wait(5) and other.connected.wait(5)
+        response = match(api_as(make_user()), tiny_source, HTTP_PREFER='wait=20')
+        assert response.status_code == 200, response.content
+        call_id = response['Content-Location'].rstrip('/').rsplit('/', 1)[-1]
+        # Redis delivers one subscriber's messages in the order it took the PUBLISHes: once a notice
+        # published after the end's is heard, the end's would have been.
+        notify.publish('marker', 'queued')
+        wait_until(lambda: any(name == 'marker' for name, _ in heard), timeout=5, message='the marker notice')
+    finally:
+        other.stop()
+    assert [name for name, _ in heard if name == call_id] == []
+
+
 @pytest.mark.slow
 def test_respond_async_with_wait_answers_the_result_of_a_call_that_ends_in_time(
         in_process_worker, tiny_source, make_user, api_as, lanes_redis):

@@ -142,6 +142,22 @@ def test_a_runs_end_releases_and_announces_in_one_round_trip(deliver, make_user,
     assert scores(lanes, call) == [None] * len(keys(call))
 
 
+def test_a_runs_end_goes_to_the_process_its_message_names_and_to_every_process_when_none_heard_it(
+        deliver, make_user, lanes, lines):
+    """A message that names an API process's notice channel has its end announced there, result and all,
+    in the end's one round trip; when no process heard it (that process is gone), a bare notice follows on
+    the work's channel, which every process hears (a long poll elsewhere)."""
+    from workers import notify
+    call = admitted(make_user())
+    store = get_store()
+    gone = 'heavy-lanes:notices-to:gone-host:1:00000000'
+    with mock.patch.object(store, 'release_and_end', wraps=store.release_and_end) as together, \
+            mock.patch.object(notify, 'publish') as publish_alone:
+        deliver(call.pk, perform=lambda row: {'ok': True}, node='w@h', notice_to=gone)
+    assert together.call_args.kwargs['notice'] == (gone, f'{call.pk}\nsucceeded\n{{"ok": true}}')
+    publish_alone.assert_called_once_with(call.pk, 'succeeded')
+
+
 def test_a_failing_call_is_failed_refunded_and_releases_its_leases(deliver, make_user, lanes, lines):
     call = admitted(make_user())
     with pytest.raises(ValueError):

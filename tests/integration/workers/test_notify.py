@@ -200,3 +200,29 @@ def test_a_shared_look_that_fails_fails_the_wait_as_its_own_look_would(monkeypat
             notify.wait_for(call_id, lambda: False, 2, watch=watch, among=among)
     finally:
         hub.unwatch(watch)
+
+
+def test_a_notice_for_this_process_wakes_its_watch_and_one_no_watch_waits_for_goes_on_bare_to_every_process():
+    """reply_to names the process's own channel only for a call it watches, on a connected hub; a notice
+    there wakes that watch with its result; one whose watch is gone (its request stopped waiting) is sent on
+    bare on the call's channel, where another process's long poll hears it."""
+    call_id, left = uuid.uuid4().hex, uuid.uuid4().hex
+    hub, other = notify.get_hub(), notify.Hub()
+    hub.unwatch(hub.watch('warm-up'))
+    assert hub.connected.wait(5)
+    assert notify.reply_to(call_id) is None  # nobody here waits for it
+    watch = hub.watch(call_id)
+    try:
+        assert notify.reply_to(call_id) == hub.own and not hub.own.startswith(hub.prefix)
+        notify.get_client().publish(*notify.notice(call_id, 'succeeded', '[]', 0, to=notify.reply_to(call_id)))
+        assert watch.event.wait(5) and watch.take() == [notify.Notice('succeeded', '[]', 0)]
+    finally:
+        hub.unwatch(watch)
+    elsewhere = other.watch(left)  # a long poll in another process
+    try:
+        assert other.connected.wait(5)
+        notify.get_client().publish(*notify.notice(left, 'succeeded', '[]', 0, to=hub.own))
+        assert elsewhere.event.wait(5) and elsewhere.take() == [notify.Notice('succeeded')]
+    finally:
+        other.unwatch(elsewhere)
+        other.stop()
