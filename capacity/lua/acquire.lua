@@ -24,16 +24,7 @@
 -- hold_1, ..., hold_n follow: each lane's mean hold in ms, or -1 when none was measured yet (what a
 -- refusal's Retry-After is computed from, read here so a refusal costs no second round trip).
 
--- prelude (identical in every script that reads the clock)
-if redis.replicate_commands then redis.replicate_commands() end  -- TIME is non-deterministic
-local time = redis.call('TIME')
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
--- Only ever extend a lane's TTL: other calls' leases in it may be longer than this one.
--- PTTL is -1 for a key without a TTL and -2 for a missing key, so both get one.
-local function keep(key, ms)
-  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
-end
--- end prelude
+-- #prelude
 
 local lanes = #KEYS - 2
 local expired_key = KEYS[#KEYS - 1]

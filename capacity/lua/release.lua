@@ -23,16 +23,7 @@
 -- twice is harmless and the second release returns 0 (and measures nothing again). A lane's hold is
 -- measured only when its lease was removed here and the call was within the limit: now_ms - acquired_ms.
 
--- prelude (identical in every script that reads the clock)
-if redis.replicate_commands then redis.replicate_commands() end  -- TIME is non-deterministic
-local time = redis.call('TIME')
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
--- Only ever extend a lane's TTL: other calls' leases in it may be longer than this one.
--- PTTL is -1 for a key without a TTL and -2 for a missing key, so both get one.
-local function keep(key, ms)
-  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
-end
--- end prelude
+-- #prelude
 
 local lanes = #KEYS - 1
 local holds_key = KEYS[#KEYS]
