@@ -124,6 +124,17 @@ def test_acquiring_again_with_the_same_token_is_idempotent(store, redis_client):
     assert store.expired_total() == 0
 
 
+def test_a_refused_acquire_again_leaves_the_tokens_own_lease_as_it_was(store, redis_client):
+    """The acquire puts the call's lease in before it counts; a refusal takes back only what it put in."""
+    cluster, user = lane_key(Lane.API_HEAVY), lane_key(Lane.USER, 42)
+    store.acquire([user], [1], 'task-1', LEASE_MS, force=False)
+    score, ttl = redis_client.zscore(user, 'task-1'), redis_client.pttl(user)
+    store.acquire([cluster], [1], 'other', LEASE_MS, force=False)
+    assert store.acquire([cluster, user], [1, 1], 'task-1', LEASE_MS, force=False) == Acquired(False, (1, 0))
+    assert holders(redis_client, cluster) == ['other'] and holders(redis_client, user) == ['task-1']
+    assert redis_client.zscore(user, 'task-1') == score and redis_client.pttl(user) <= ttl
+
+
 def test_renewal_extends_every_lease(store, redis_client):
     keys = call_keys()
     soon = redis_now_ms(redis_client) + 5000
