@@ -223,6 +223,16 @@ def test_a_lanes_mean_hold_is_the_plain_mean_at_first_then_weighs_the_newest_a_f
     assert all(0 <= mean - want <= 25 for mean, want in zip(means, expected)), means
 
 
+def test_lanes_of_one_field_each_count_in_its_mean_hold(store, redis_client):
+    """Every user's lane is one field: a call in two of them adds two samples, as two releases would."""
+    users = [lane_key(Lane.USER, 1), lane_key(Lane.USER, 2)]
+    store.acquire(users, [9, 9], 'call-1', LEASE_MS, force=False)
+    now = redis_now_ms(redis_client)
+    assert store.release(users, 'call-1', acquired_ms=now - 1000, ran=('es2_knn', 300)) == 2
+    assert int(redis_client.hget(holds_key(), 'user|n')) == 2
+    assert store.holds() == {'user': pytest.approx(1000, abs=25), run_field('es2_knn'): 300}
+
+
 def test_a_release_without_an_acquire_time_measures_no_hold_and_a_run_is_per_queue(store, redis_client):
     keys = call_keys()
     store.acquire(keys, [4, 4, 4], 'call-1', LEASE_MS, force=False)
