@@ -11,6 +11,8 @@
 -- move every lease to now + lease_ms. An expired lease is never revived and a missing key is never
 -- re-created, so a call is never counted in only some of its lanes; the caller reads held < n as
 -- "lease lost". Nothing is pruned here (acquire prunes and counts what expired).
+-- A lane's TTL is kept with keep_if_shorter (the prelude's): a worker's first renewal mostly finds the
+-- longer TTL the API's acquire gave the lane for the queue's lease, and then costs one PTTL.
 
 -- #prelude
 
@@ -30,7 +32,7 @@ end
 if held == #KEYS then
   for i = 1, #KEYS do
     redis.call('ZADD', KEYS[i], now_ms + lease_ms, token)
-    keep(KEYS[i], 2 * lease_ms)
+    keep_if_shorter(KEYS[i], 2 * lease_ms)
   end
 end
 return held
