@@ -4,10 +4,12 @@
     .venv/bin/python bench/script_cost.py [--calls 200] [--redis-server redis-server]
 
 One call's life, through the real operations (capacity.store.LaneStore -> capacity.operations): acquire of
-its 4 lanes (api_heavy, es2_knn, tier, user), the API host's waiting slot (acquire and release of 1 lane),
-one renewal of the 4 lanes, and the release of the 4 lanes with the run measured. Calls run one after
-another (each lane holds at most one lease), so it is the admitted path's cost; it prints the commands per
-call by name and in all. Counts, not timings: the machine's load doesn't change them.
+its 4 lanes (api_heavy, es2_knn, tier, user) for the queued lease, the API host's waiting slot (acquire and
+release of 1 lane), the worker's renewal of the 4 lanes as it starts the run (the running lease), and the release of the 4 lanes with the run measured. Calls run one after
+another, so it is the admitted path's cost, in two settings: `quiet`, every lane empty between calls (so each
+acquire makes its keys), and `busy`, another call's lease in the shared lanes (api_heavy, es2_knn, tier), as
+on a loaded stack where those keys live on. It prints the commands per call by name and in all. Counts,
+not timings: the machine's load doesn't change them.
 """
 import argparse
 import os
@@ -21,6 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'api.settings')
+
+
+LEASE_MS = 60_000  # lease_seconds' default: the waiting slot's and a running call's lease
+QUEUED_LEASE_MS = 90_000  # what the API acquires for: lease_seconds + one sweep (lifecycle.queued_lease_ms)
 
 
 def free_port():
@@ -76,27 +82,32 @@ def run(port, calls):
 
     def one_call(n):
         token = f'call-{n}'
-        acquired = store.acquire(lanes, limits, token, 60_000, False)
+        acquired = store.acquire(lanes, limits, token, QUEUED_LEASE_MS, False)
         assert acquired.taken, acquired
-        waiting = store.acquire(slot, [8], f'wait-{n}', 60_000, False)
+        waiting = store.acquire(slot, [8], f'wait-{n}', LEASE_MS, False)
         assert waiting.taken, waiting
-        assert store.renew(lanes, token, 60_000) == len(lanes)
+        time.sleep(0.002)  # a renewal comes renew_seconds after the acquire, never in the same ms
+        assert store.renew(lanes, token, LEASE_MS) == len(lanes)  # the worker's, as it starts the run
         assert store.release(slot, f'wait-{n}', waiting.acquired_ms) == 1
         assert store.release(lanes, token, acquired.acquired_ms, ran=(Lane.ES2_KNN, 25)) == len(lanes)
 
-    for n in range(5):  # warm: scripts loaded, keys and means exist, as on a running stack
-        one_call(f'warm-{n}')
-    client.config_resetstat()
-    for n in range(calls):
-        one_call(n)
-    stats = commandstats(client)
-    stats.pop('config|resetstat', None)
-    stats.pop('info', None)
-    per_call = {name: count / calls for name, count in sorted(stats.items(), key=lambda item: -item[1])}
-    for name, count in per_call.items():
-        print(f'{name:20} {count:6.2f}')
-    print(f'{"total":20} {sum(per_call.values()):6.2f}  (per call, {calls} calls, script-internal included)')
-
+    for setting in ('quiet', 'busy'):
+        if setting == 'busy':  # another call's lease in each shared lane, for the whole run
+            assert store.acquire(lanes[:3], limits[:3], 'other', QUEUED_LEASE_MS, False).taken
+        for n in range(5):  # warm: scripts loaded, means exist, as on a running stack
+            one_call(f'warm-{setting}-{n}')
+        client.config_resetstat()
+        for n in range(calls):
+            one_call(f'{setting}-{n}')
+        stats = commandstats(client)
+        stats.pop('config|resetstat', None)
+        stats.pop('info', None)
+        per_call = {name: count / calls for name, count in sorted(stats.items(), key=lambda item: (-item[1],
+                                                                                                    item[0]))}
+        print(f'{setting}: commands per call ({calls} calls, script-internal included)')
+        for name, count in per_call.items():
+            print(f'  {name:20} {count:6.2f}')
+        print(f'  {"total":20} {sum(per_call.values()):6.2f}')
 
 if __name__ == '__main__':
     main()
