@@ -5,11 +5,12 @@
 
 One call's life, through the real operations (capacity.store.LaneStore -> capacity.operations): acquire of
 its 4 lanes (api_heavy, es2_knn, tier, user) for the queued lease, the API host's waiting slot (acquire and
-release of 1 lane), the worker's renewal of the 4 lanes as it starts the run (the running lease), and the release of the 4 lanes with the run measured. Calls run one after
-another, so it is the admitted path's cost, in two settings: `quiet`, every lane empty between calls (so each
-acquire makes its keys), and `busy`, another call's lease in the shared lanes (api_heavy, es2_knn, tier), as
-on a loaded stack where those keys live on. It prints the commands per call by name and in all. Counts,
-not timings: the machine's load doesn't change them.
+release of 1 lane), the worker's renewal of the 4 lanes as it starts the run (the running lease), and the
+release of the 4 lanes with the run measured. Calls run one after another, so it is the admitted path's
+cost, in two settings: `quiet`, every lane empty between calls (so each acquire makes its keys), and
+`busy`, another call's lease in the shared lanes (api_heavy, es2_knn, tier), as on a loaded stack where
+those keys live on. It prints the commands per call by name and in all. Counts, not timings: the
+machine's load doesn't change them.
 """
 import argparse
 import os
