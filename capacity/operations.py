@@ -41,10 +41,22 @@ class BadCall(ValueError):
     """A call that makes no sense, refused before anything is sent (a bug, never an outage)."""
 
 
+PRELUDE_LINE = '-- #prelude'  # a script's line that stands for capacity/lua/prelude.lua (its clock and `keep`)
+
+
+def read_lua(name):
+    return importlib.resources.files('capacity').joinpath('lua', f'{name}.lua').read_text(encoding='utf-8')
+
+
 @functools.cache
 def read_script(name):
-    """The Lua source of one operation, shipped as package data."""
-    return importlib.resources.files('capacity').joinpath('lua', f'{name}.lua').read_text(encoding='utf-8')
+    """The Lua source of one operation, shipped as package data, with the shared prelude in place of its
+    `-- #prelude` line (written once, in capacity/lua/prelude.lua)."""
+    lines = read_lua(name).split('\n')
+    if PRELUDE_LINE in lines:
+        at = lines.index(PRELUDE_LINE)
+        lines[at:at + 1] = read_lua('prelude').rstrip('\n').split('\n')
+    return '\n'.join(lines)
 
 
 def release_call(keys, token, acquired_ms, ran, within_limit=True):

@@ -23,17 +23,12 @@
 -- token (a redelivered task) is idempotent. Lane i is full when count_i >= limit_i. When a lane is full,
 -- hold_1, ..., hold_n follow: each lane's mean hold in ms, or -1 when none was measured yet (what a
 -- refusal's Retry-After is computed from, read here so a refusal costs no second round trip).
+--
+-- Per lane it prunes, puts this call's lease in (ZADD NX: a lease this token holds already stays as it is)
+-- and counts the lane (ZCARD, less this call's lease); a refusal takes back the leases it put in, so a
+-- refused call leaves every lane as it found it. Needs Redis >= 7.0 (the prelude's `keep`).
 
--- prelude (identical in every script that reads the clock)
-if redis.replicate_commands then redis.replicate_commands() end  -- TIME is non-deterministic
-local time = redis.call('TIME')
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
--- Only ever extend a lane's TTL: other calls' leases in it may be longer than this one.
--- PTTL is -1 for a key without a TTL and -2 for a missing key, so both get one.
-local function keep(key, ms)
-  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
-end
--- end prelude
+-- #prelude
 
 local lanes = #KEYS - 2
 local expired_key = KEYS[#KEYS - 1]
@@ -54,14 +49,14 @@ end
 local result = {0, now_ms}
 local full = false
 local pruned = 0
+local added = {}
 for i = 1, lanes do
   local key = KEYS[i]
   pruned = pruned + redis.call('ZREMRANGEBYSCORE', key, '-inf', now_ms)
-  local count = redis.call('ZCARD', key)
-  -- After the prune any lease of this token is unexpired: it is this call's own, not one ahead of it.
-  if redis.call('ZSCORE', key, token) then
-    count = count - 1
-  end
+  -- This call's lease goes in first (NX: a lease this token already holds is left as it is), so one ZCARD
+  -- counts the lane with it in: the count before this call, its own lease not counted, is one less.
+  added[i] = redis.call('ZADD', key, 'NX', now_ms + lease_ms, token)
+  local count = redis.call('ZCARD', key) - 1
   result[i + 2] = count
   if count >= tonumber(ARGV[4 + i]) then
     full = true
@@ -74,13 +69,27 @@ end
 if force or not full then
   result[1] = 1
   for i = 1, lanes do
-    redis.call('ZADD', KEYS[i], now_ms + lease_ms, token)
-    keep(KEYS[i], 2 * lease_ms)
+    local key = KEYS[i]
+    if added[i] == 0 then
+      redis.call('ZADD', key, now_ms + lease_ms, token)  -- its own lease (a redelivery): moved, as taken now
+    end
+    if added[i] == 1 and result[i + 2] == 0 then
+      redis.call('PEXPIRE', key, 2 * lease_ms)  -- the ZADD made the key: it has no TTL yet
+    else
+      keep(key, 2 * lease_ms)
+    end
+  end
+else
+  for i = 1, lanes do
+    if added[i] == 1 then
+      redis.call('ZREM', KEYS[i], token)  -- refused: nothing of this call stays (an emptied key goes)
+    end
   end
 end
 if full then
+  local holds = redis.call('HMGET', holds_key, unpack(ARGV, 5 + lanes, 4 + 2 * lanes))
   for i = 1, lanes do
-    result[2 + lanes + i] = tonumber(redis.call('HGET', holds_key, ARGV[4 + lanes + i])) or -1
+    result[2 + lanes + i] = tonumber(holds[i]) or -1
   end
 end
 return result

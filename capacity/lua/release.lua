@@ -22,17 +22,9 @@
 -- Returns how many leases it removed (0..n). Only this token's leases go, expired or not, so releasing
 -- twice is harmless and the second release returns 0 (and measures nothing again). A lane's hold is
 -- measured only when its lease was removed here and the call was within the limit: now_ms - acquired_ms.
+-- Every mean it updates is read with one HMGET and written with one HSET.
 
--- prelude (identical in every script that reads the clock)
-if redis.replicate_commands then redis.replicate_commands() end  -- TIME is non-deterministic
-local time = redis.call('TIME')
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
--- Only ever extend a lane's TTL: other calls' leases in it may be longer than this one.
--- PTTL is -1 for a key without a TTL and -2 for a missing key, so both get one.
-local function keep(key, ms)
-  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
-end
--- end prelude
+-- #prelude
 
 local lanes = #KEYS - 1
 local holds_key = KEYS[#KEYS]
@@ -49,27 +41,55 @@ if lanes < 0 or #ARGV ~= 6 + lanes or not acquired_ms or (within_limit ~= '1' an
 end
 local measure_holds = acquired_ms > 0 and within_limit == '1'
 
-local function observe(field, sample_ms)
-  local count = redis.call('HINCRBY', holds_key, field .. '|n', 1)
-  local mean = tonumber(redis.call('HGET', holds_key, field))
-  local w = math.max(weight, 1 / count)
-  if mean then
-    mean = mean + w * (sample_ms - mean)
-  else
-    mean = sample_ms
-  end
-  redis.call('HSET', holds_key, field, math.floor(mean + 0.5))
-end
-
+-- The samples to fold into the means, in order: each measured lane's hold, then the run.
+local fields, samples = {}, {}
 local removed = 0
 for i = 1, lanes do
   local gone = redis.call('ZREM', KEYS[i], token)
   removed = removed + gone
   if gone == 1 and measure_holds then
-    observe(ARGV[6 + i], math.max(now_ms - acquired_ms, 0))
+    fields[#fields + 1], samples[#samples + 1] = ARGV[6 + i], math.max(now_ms - acquired_ms, 0)
   end
 end
 if run_field ~= '' and run_ms >= 0 then
-  observe(run_field, run_ms)
+  fields[#fields + 1], samples[#samples + 1] = run_field, run_ms
 end
+if #fields == 0 then
+  return removed
+end
+
+-- One HMGET reads every mean and its count, one HSET writes them back (a field named twice takes its
+-- samples one after the other, as separate releases would).
+local names, seen = {}, {}
+for _, name in ipairs(fields) do
+  if not seen[name] then
+    seen[name] = true
+    names[#names + 1] = name
+    names[#names + 1] = name .. '|n'
+  end
+end
+local stored = redis.call('HMGET', holds_key, unpack(names))
+local means, counts = {}, {}
+for j = 1, #names, 2 do
+  means[names[j]] = tonumber(stored[j])
+  counts[names[j]] = tonumber(stored[j + 1]) or 0
+end
+for k, name in ipairs(fields) do
+  local count = counts[name] + 1
+  local mean = means[name]
+  local w = math.max(weight, 1 / count)
+  if mean then
+    mean = math.floor(mean + w * (samples[k] - mean) + 0.5)
+  else
+    mean = math.floor(samples[k] + 0.5)
+  end
+  means[name], counts[name] = mean, count
+end
+local update = {}
+for j = 1, #names, 2 do
+  local name = names[j]
+  update[2 * j - 1], update[2 * j] = name, means[name]
+  update[2 * j + 1], update[2 * j + 2] = names[j + 1], counts[name]
+end
+redis.call('HSET', holds_key, unpack(update))
 return removed

@@ -11,17 +11,10 @@
 -- move every lease to now + lease_ms. An expired lease is never revived and a missing key is never
 -- re-created, so a call is never counted in only some of its lanes; the caller reads held < n as
 -- "lease lost". Nothing is pruned here (acquire prunes and counts what expired).
+-- A lane's TTL is kept with keep_if_shorter (the prelude's): a worker's first renewal mostly finds the
+-- longer TTL the API's acquire gave the lane for the queue's lease, and then costs one PTTL.
 
--- prelude (identical in every script that reads the clock)
-if redis.replicate_commands then redis.replicate_commands() end  -- TIME is non-deterministic
-local time = redis.call('TIME')
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
--- Only ever extend a lane's TTL: other calls' leases in it may be longer than this one.
--- PTTL is -1 for a key without a TTL and -2 for a missing key, so both get one.
-local function keep(key, ms)
-  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
-end
--- end prelude
+-- #prelude
 
 local token = ARGV[1]
 local lease_ms = tonumber(ARGV[2])
@@ -39,7 +32,7 @@ end
 if held == #KEYS then
   for i = 1, #KEYS do
     redis.call('ZADD', KEYS[i], now_ms + lease_ms, token)
-    keep(KEYS[i], 2 * lease_ms)
+    keep_if_shorter(KEYS[i], 2 * lease_ms)
   end
 end
 return held

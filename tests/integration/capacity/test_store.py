@@ -124,6 +124,17 @@ def test_acquiring_again_with_the_same_token_is_idempotent(store, redis_client):
     assert store.expired_total() == 0
 
 
+def test_a_refused_acquire_again_leaves_the_tokens_own_lease_as_it_was(store, redis_client):
+    """The acquire puts the call's lease in before it counts; a refusal takes back only what it put in."""
+    cluster, user = lane_key(Lane.API_HEAVY), lane_key(Lane.USER, 42)
+    store.acquire([user], [1], 'task-1', LEASE_MS, force=False)
+    score, ttl = redis_client.zscore(user, 'task-1'), redis_client.pttl(user)
+    store.acquire([cluster], [1], 'other', LEASE_MS, force=False)
+    assert store.acquire([cluster, user], [1, 1], 'task-1', LEASE_MS, force=False) == Acquired(False, (1, 0))
+    assert holders(redis_client, cluster) == ['other'] and holders(redis_client, user) == ['task-1']
+    assert redis_client.zscore(user, 'task-1') == score and redis_client.pttl(user) <= ttl
+
+
 def test_renewal_extends_every_lease(store, redis_client):
     keys = call_keys()
     soon = redis_now_ms(redis_client) + 5000
@@ -210,6 +221,16 @@ def test_a_lanes_mean_hold_is_the_plain_mean_at_first_then_weighs_the_newest_a_f
     # Samples land a few ms late (the release runs after `now` was read), so allow that much.
     expected = [1000, 2000, 2000, 3250, 3000, 2800]
     assert all(0 <= mean - want <= 25 for mean, want in zip(means, expected)), means
+
+
+def test_lanes_of_one_field_each_count_in_its_mean_hold(store, redis_client):
+    """Every user's lane is one field: a call in two of them adds two samples, as two releases would."""
+    users = [lane_key(Lane.USER, 1), lane_key(Lane.USER, 2)]
+    store.acquire(users, [9, 9], 'call-1', LEASE_MS, force=False)
+    now = redis_now_ms(redis_client)
+    assert store.release(users, 'call-1', acquired_ms=now - 1000, ran=('es2_knn', 300)) == 2
+    assert int(redis_client.hget(holds_key(), 'user|n')) == 2
+    assert store.holds() == {'user': pytest.approx(1000, abs=25), run_field('es2_knn'): 300}
 
 
 def test_a_release_without_an_acquire_time_measures_no_hold_and_a_run_is_per_queue(store, redis_client):

@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from capacity.operations import SCRIPTS, read_script
+from capacity.operations import PRELUDE_LINE, SCRIPTS, read_lua, read_script
 
 PRELUDE = re.compile(r'^-- prelude .*?^-- end prelude$', re.MULTILINE | re.DOTALL)
 
@@ -52,3 +52,12 @@ def test_the_scripts_that_read_the_clock_share_one_prelude():
     assert set(with_clock) == {'acquire', 'renew', 'release', 'count', 'rate'}
     assert len(set(with_clock.values())) == 1, 'the prelude drifted between scripts'
     assert "redis.call('TIME')" not in read_script('unclaim')
+
+
+@pytest.mark.parametrize('name', ('acquire', 'renew', 'release', 'count', 'rate'))
+def test_the_prelude_is_written_once_and_put_in_each_script_that_reads_the_clock(name):
+    own = read_lua(name)
+    assert own.splitlines().count(PRELUDE_LINE) == 1
+    assert "redis.call('TIME')" not in own and 'local function keep' not in own
+    assert read_lua('prelude') in read_script(name) + '\n'
+    assert PRELUDE_LINE not in read_script(name).splitlines()
