@@ -56,7 +56,7 @@ import time
 from collections import Counter
 
 import cost_report
-from cost_report import CLIENT, Snapshot, delta, figures, idle_figures, net, process_group, scaled
+from cost_report import CLIENT, Snapshot, delta, process_group
 from helpers import distinct, write
 from stack import HOME, PG_ADMIN_URL, Stack
 
@@ -356,25 +356,6 @@ def served(stack, ids):
     return stack.served_as([call for call in ids if call])
 
 
-def report(run):
-    """cost.json's figures from the run's windows."""
-    idle = cost_report.add(run.windows['idle_start'], run.windows['idle_end'])
-    rates = cost_report.rates(idle)
-    calls = run.calls
-    kinds = {}
-    for kind in KINDS:
-        if kind == 'coalesced':
-            change = cost_report.add(net(run.windows['coalesced_pairs'], rates),
-                                     scaled(net(run.windows['coalesced_leaders'], rates), -1))
-        else:
-            change = net(run.windows[kind], rates)
-        kinds[kind] = figures(change, calls)
-    return {'kinds': kinds,
-            'plain_celery': figures(net(run.windows['plain_celery'], rates), calls),
-            'durable_floor': figures(net(run.windows['durable_floor'], rates), calls),
-            'idle': idle_figures(idle)}
-
-
 def checks(run, stack):
     """How each window's calls were answered and served (read after the last window)."""
     out = {}
@@ -441,7 +422,7 @@ def main():
             run.refused()
         run.window('refused_429', run.refused, args.calls)
 
-        data = report(run)
+        data = cost_report.report(run.windows, run.calls, KINDS)
         data['checks'] = checks(run, stack)
     data['settings'] = {**vars(args), 'api_workers': API_WORKERS, 'rate_limit': RATE_LIMIT,
                         'settle_seconds': SETTLE_SECONDS, 'gap_seconds': GAP_SECONDS}

@@ -144,3 +144,22 @@ def process_group(pid, pgid, leaders, client_pid):
         queue = name[len('worker-'):]
         return f'{queue} consumer' if pid == pgid else f'{queue} pool'
     return name
+
+
+def report(windows, calls, kinds_measured):
+    """cost.json's figures from a run's windows (name -> its change) of `calls` calls each, for each of
+    `kinds_measured` (the `coalesced` kind: its pairs less its leaders alone)."""
+    idle = add(windows['idle_start'], windows['idle_end'])
+    idle_rates = rates(idle)
+    kinds = {}
+    for kind in kinds_measured:
+        if kind == 'coalesced':
+            change = add(net(windows['coalesced_pairs'], idle_rates),
+                         scaled(net(windows['coalesced_leaders'], idle_rates), -1))
+        else:
+            change = net(windows[kind], idle_rates)
+        kinds[kind] = figures(change, calls)
+    return {'kinds': kinds,
+            'plain_celery': figures(net(windows['plain_celery'], idle_rates), calls),
+            'durable_floor': figures(net(windows['durable_floor'], idle_rates), calls),
+            'idle': idle_figures(idle)}

@@ -15,7 +15,6 @@ from django.db.models import Min
 from django.utils import timezone
 
 from common import connections
-from concepts.services import index_status
 from workers import lanes, messages
 from workers.models import State, Work
 from workers.pool import read_pools
@@ -37,6 +36,9 @@ def get_indexes(config):
     """Each source's match indexes: ready, or how far their build is (a semantic call waits in its queue
     until its index is ready). Never raises: a failure to read them shows as {"error": ...}."""
     try:
+        # Imported when asked: the matching service is an API process's to load when it warms up (api.wsgi),
+        # not every Django process's at setup.
+        from concepts.services import index_status
         return index_status()
     except Exception as ex:  # noqa: BLE001 - status reports what it can't read instead of failing
         return {'error': f'{type(ex).__name__}: {ex}'[:300]}

@@ -247,12 +247,14 @@ class BuildProgress:
 
     def ready(self):
         now = self.clock()
-        self.state.update(state='ready', step='ready', updated_at=now, seconds=round(now - self.started, 1))
+        self.state['state'] = 'ready'  # an item, not update(state=): only the lifecycle writes a `state=`
+        self.state.update(step='ready', updated_at=now, seconds=round(now - self.started, 1))
         self._write(force=True)
 
     def failed(self, error):
         now = self.clock()
-        self.state.update(state='failed', updated_at=now, seconds=round(now - self.started, 1),
+        self.state['state'] = 'failed'
+        self.state.update(updated_at=now, seconds=round(now - self.started, 1),
                           error=f'{type(error).__name__}: {error}'[:500])
         self._write(force=True)
 
